@@ -1,0 +1,1 @@
+"""Tiny deterministic environments and policies shared by tests and benchmarks."""

@@ -1,0 +1,29 @@
+"""alf_async: an asynchronous off-policy training driver for TF2 and tf-agents."""
+
+from setuptools import find_packages, setup
+
+# The pinned stack (see DESIGN.md): tf-agents 0.19 is the newest release and
+# supports TF 2.15 at most; gym 0.23 is what its suite_gym loads.
+STACK = [
+    "tensorflow-cpu==2.15.1",
+    "tf-agents==0.19.0",
+    "tensorflow-probability==0.23.0",
+    "gin-config==0.5.0",
+    "gym==0.23.0",
+    "numpy<2",
+]
+
+setup(
+    name="alf_async",
+    version="0.1.0",
+    description="Asynchronous off-policy training driver for TensorFlow 2 and tf-agents",
+    packages=find_packages(include=["alf_async", "alf_async.*"]),
+    python_requires=">=3.10,<3.12",
+    install_requires=STACK,
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+    },
+    entry_points={
+        "console_scripts": ["alf-async-train=alf_async.bin.train:main"],
+    },
+)
