@@ -1,0 +1,365 @@
+"""AsyncOffPolicyDriver: environments, actors and the learner run at once.
+
+    env threads (one env, batch B, each) --request--> actor queues
+           ^                                              |  dequeue_many(actor_queue_cap)
+           |--------- action-return queue (one each) <-- actor threads (batched policy.action)
+           |
+           +--unroll [B, T]--> log queue   --> LogThread (metrics, observers)
+           +--unroll [B, T]--> learn queue --> run_async() / get_training_exps()
+                                               (dequeue_all: learn_queue_cap unrolls)
+
+Every thread runs under one `tf.train.Coordinator`. Stopping is: request
+stop, close every queue (cancelling blocked enqueues and dequeues), join
+with a grace period, close the environments. A thread's exception requests
+stop (a closer thread then closes the queues, which wakes the learner) and
+is raised again, with its original type and traceback, from the next
+`run_async()` / `get_training_exps()` / `stop()` of the learner's thread —
+once.
+
+Threads: the constructor, `start()`, `get_training_exps()`, `run_async()`
+and the metric getters are called by the learner's thread; `stop()` by any
+thread (also while another blocks in `run_async()`, which then raises
+`DriverStoppedError`). Only `get_training_exps()`/`run_async()` block (on
+the learn queue); `stop()` waits at most `stop_grace_period_secs` for the
+threads.
+"""
+
+import concurrent.futures
+import logging
+import threading
+
+import numpy as np
+import tensorflow as tf
+from tf_agents.trajectories import trajectory as trajectory_lib
+
+from alf_async import metrics as metrics_lib
+from alf_async.actor_thread import ActorThread
+from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread
+from alf_async.log_thread import LogThread
+from alf_async.queues import TFQueues, check_queue_config
+
+logger = logging.getLogger(__name__)
+
+
+class DriverStoppedError(RuntimeError):
+    """run_async()/get_training_exps() was called on, or woken by, a stopped driver."""
+
+
+class AsyncOffPolicyDriver(object):
+    """Runs `num_envs` environments and batched actors in threads; feeds a learner."""
+
+    def __init__(self, env_f, policy, num_envs=1, num_actor_queues=1, unroll_length=8,
+                 learn_queue_cap=1, actor_queue_cap=1, observers=(), metrics=(),
+                 exp_observers=(), stop_grace_period_secs=4.0):
+        """
+        Args:
+            env_f: zero-arg callable returning a tf-agents TFEnvironment of batch
+                size B >= 1; called `num_envs` times, concurrently.
+            policy: a tf-agents TFPolicy (e.g. `agent.collect_policy`); its
+                policy state, if any, is carried per environment.
+            num_envs: number of env threads (each owns one environment).
+            num_actor_queues: number of actor threads (one queue each); env
+                thread i uses actor queue i % num_actor_queues.
+            unroll_length: T, steps per unroll shipped to the learner.
+            learn_queue_cap: unrolls per learner batch.
+            actor_queue_cap: env threads per batched forward pass;
+                num_actor_queues * actor_queue_cap must be <= num_envs.
+            observers: callables(Trajectory [B, T, ...]), fed every unroll by
+                the LogThread.
+            metrics: extra `alf_async.metrics.AsyncStepMetric`s fed by the
+                LogThread.
+            exp_observers: callables(exp, env_ids) fed by `run_async()`.
+            stop_grace_period_secs: how long `stop()` waits for the threads.
+
+        Raises:
+            ValueError: a queue configuration that deadlocks, or environments
+                whose specs differ from each other or from the policy's.
+            TypeError: a metric that is not an AsyncStepMetric.
+            Any exception `env_f` raises, with its type (the environments
+            already built are closed).
+        """
+        check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_cap,
+                           unroll_length)
+        for m in metrics:
+            if not isinstance(m, metrics_lib.AsyncStepMetric):
+                raise TypeError(
+                    f"metrics must be alf_async.metrics.AsyncStepMetric instances (updated "
+                    f"with whole unrolls from any env thread, thread-safe); got "
+                    f"{type(m).__name__}. tf-agents TFStepMetrics keep one accumulator per "
+                    f"batch row and cannot follow rows from different env threads.")
+        self._policy = policy
+        self._unroll_length = unroll_length
+        self._learn_queue_cap = learn_queue_cap
+        self._exp_observers = list(exp_observers)
+        self._grace = stop_grace_period_secs
+        self._envs = _make_envs(env_f, num_envs)
+        try:
+            self._env_batch_size = _check_specs(self._envs, policy)
+            self._build(num_envs, num_actor_queues, actor_queue_cap, observers, metrics)
+        except BaseException:
+            _close_envs(self._envs)
+            raise
+        self._started = False
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    def _build(self, num_envs, num_actor_queues, actor_queue_cap, observers, metrics):
+        B = self._env_batch_size
+        # Coordinator(clean_stop_exception_types=()): every exception counts;
+        # the threads themselves ignore closed-queue errors once stop is requested.
+        self._coord = tf.train.Coordinator(clean_stop_exception_types=())
+        self._queues = TFQueues(
+            num_envs=num_envs, env_batch_size=B, learn_queue_cap=self._learn_queue_cap,
+            actor_queue_cap=actor_queue_cap, num_actor_queues=num_actor_queues,
+            unroll_length=self._unroll_length,
+            time_step_spec=self._policy.time_step_spec,
+            policy_state_spec=self._policy.policy_state_spec,
+            policy_step_spec=self._policy.policy_step_spec,
+            trajectory_spec=self._policy.trajectory_spec)
+        q = self._queues
+        self._actor_threads = [
+            ActorThread(f"actor{k}", self._coord, self._policy, q.actor_queues[k],
+                        q.action_return_queues, B) for k in range(num_actor_queues)
+        ]
+        initial_state = tf.nest.map_structure(
+            lambda t: t.numpy(), self._policy.get_initial_state(B))
+        self._env_threads = [
+            EnvThread(f"env{i}", self._coord, env, i, q, q.actor_queues[i % num_actor_queues],
+                      q.action_return_queues[i], initial_state, self._unroll_length)
+            for i, env in enumerate(self._envs)
+        ]
+        self._metrics = [
+            metrics_lib.NumberOfEpisodes(),
+            metrics_lib.EnvironmentSteps(),
+            metrics_lib.AverageReturn(),
+            metrics_lib.AverageEpisodeLength(),
+        ] + list(metrics)
+        self._log_thread = LogThread("log", self._coord, q.log_queue, self._metrics,
+                                     observers)
+        self._closer = threading.Thread(target=self._close_queues_on_stop,
+                                        name="queue_closer", daemon=True)
+        self._threads = (self._env_threads + self._actor_threads +
+                         [self._log_thread, self._closer])
+
+    # ----------------------------------------------------------------- public
+
+    @property
+    def env_batch_size(self):
+        return self._env_batch_size
+
+    @property
+    def num_envs(self):
+        return len(self._envs)
+
+    @property
+    def queues(self):
+        """The driver's `TFQueues` (for occupancy summaries)."""
+        return self._queues
+
+    @property
+    def threads(self):
+        return list(self._threads)
+
+    def start(self):
+        """Starts every thread. Raises RuntimeError if started or stopped before."""
+        if self._started or self._stopped:
+            raise RuntimeError("AsyncOffPolicyDriver.start() can be called only once")
+        self._started = True
+        for t in self._threads:
+            t.start()
+        logger.info("alf_async driver started %d threads", len(self._threads))
+
+    def get_training_exps(self):
+        """Takes one learner batch; blocks until the learn queue is full.
+
+        Returns:
+            (exp, env_ids, steps): `exp` a batch-major Trajectory
+            [learn_queue_cap * B, unroll_length, ...]; `env_ids` int32
+            [learn_queue_cap * B], the global env id of each row; `steps` the
+            number of env steps in it.
+
+        Raises:
+            The first exception of any driver thread, with its type;
+            DriverStoppedError if the driver was stopped (or never started).
+        """
+        if not self._started:
+            raise DriverStoppedError("call start() before get_training_exps()/run_async()")
+        if self._coord.should_stop():
+            self._raise_stopped()
+        try:
+            trajectory, env_ids = self._queues.learn_queue.dequeue_all()
+        except QUEUE_CLOSED_ERRORS:
+            self._raise_stopped()
+        rows = self._learn_queue_cap * self._env_batch_size
+
+        def merge(t):
+            return tf.reshape(t, [rows] + t.shape[2:].as_list())
+
+        exp = tf.nest.map_structure(merge, trajectory)
+        env_ids = tf.reshape(env_ids, [rows])
+        return exp, env_ids, rows * self._unroll_length
+
+    def run_async(self):
+        """`get_training_exps()`, then every exp_observer(exp, env_ids).
+
+        Returns:
+            The number of env steps in the batch
+            (learn_queue_cap * unroll_length * B).
+        """
+        exp, env_ids, steps = self.get_training_exps()
+        for observer in self._exp_observers:
+            observer(exp, env_ids)
+        return steps
+
+    def run(self, *args, **kwargs):
+        raise RuntimeError(
+            "AsyncOffPolicyDriver has no synchronous run(): call start() once, then "
+            "run_async() in the training loop, and stop() at the end.")
+
+    def get_metrics(self):
+        """[NumberOfEpisodes, EnvironmentSteps, AverageReturn, AverageEpisodeLength, *metrics]."""
+        return list(self._metrics)
+
+    def get_step_metrics(self):
+        """[NumberOfEpisodes, EnvironmentSteps]."""
+        return self._metrics[:2]
+
+    def get_perf_stats(self):
+        """Cumulative counters of the threads (read without locks: a snapshot).
+
+        Returns:
+            dict with env_steps, action_wait_secs (summed over env threads),
+            actor_batches, actor_rows, actor_inference_secs (summed over
+            actors), learn_queue_size, actor_queue_sizes, log_queue_size.
+        """
+        q = self._queues
+        return dict(
+            env_steps=sum(t.steps for t in self._env_threads),
+            action_wait_secs=sum(t.action_wait_secs for t in self._env_threads),
+            actor_batches=sum(t.batches for t in self._actor_threads),
+            actor_rows=sum(t.rows for t in self._actor_threads),
+            actor_inference_secs=sum(t.inference_secs for t in self._actor_threads),
+            learn_queue_size=_size(q.learn_queue),
+            actor_queue_sizes=[_size(a) for a in q.actor_queues],
+            log_queue_size=_size(q.log_queue),
+        )
+
+    def stop(self):
+        """Stops every thread and closes the environments; returns in about
+        `stop_grace_period_secs` at most. Idempotent; any thread may call it.
+
+        Raises:
+            The first exception of a driver thread, if no earlier call
+            (run_async, get_training_exps, stop) raised it already;
+            RuntimeError naming threads still alive after the grace period
+            (a thread stuck inside an environment's own code).
+        """
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._coord.request_stop()
+            self._queues.close_all()
+            try:
+                if self._started:
+                    self._coord.join(self._threads, stop_grace_period_secs=self._grace)
+            finally:
+                _close_envs(self._envs)
+                logger.info("alf_async driver stopped")
+
+    # ---------------------------------------------------------------- private
+
+    def _raise_stopped(self):
+        # stop() raises the thread's error if nobody has yet; if it returns,
+        # the stop was asked for.
+        self.stop()
+        raise DriverStoppedError(
+            "the driver is stopped: no more experience (stop() was called, or a driver "
+            "thread failed and its error was raised already)")
+
+    def _close_queues_on_stop(self):
+        self._coord.wait_for_stop()
+        self._queues.close_all()
+
+
+def _size(queue):
+    try:
+        return int(queue.size())
+    except tf.errors.OpError:
+        return 0
+
+
+def _make_envs(env_f, num_envs):
+    """Calls env_f num_envs times concurrently; closes all and re-raises on failure."""
+    with concurrent.futures.ThreadPoolExecutor(num_envs, thread_name_prefix="env_f") as pool:
+        futures = [pool.submit(env_f) for _ in range(num_envs)]
+        concurrent.futures.wait(futures)
+    envs = [f.result() for f in futures if f.exception() is None]
+    for f in futures:
+        if f.exception() is not None:
+            _close_envs(envs)
+            raise f.exception()
+    return envs
+
+
+def _close_envs(envs):
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except NotImplementedError:
+            pass
+        except Exception:  # a failing close must not hide the error being raised
+            logger.exception("closing environment %r failed", env)
+
+
+def _spec_str(spec):
+    return str(tf.nest.map_structure(
+        lambda s: f"{s.dtype.name}{s.shape.as_list()}" + (
+            f"[{np.min(s.minimum)}..{np.max(s.maximum)}]" if hasattr(s, "minimum") else ""),
+        spec))
+
+
+def _specs_match(a, b):
+    """Same structure, dtypes, shapes and (where both are bounded) bounds; names ignored."""
+    try:
+        tf.nest.assert_same_structure(a, b)
+    except (ValueError, TypeError):
+        return False
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if hasattr(x, "minimum") and hasattr(y, "minimum"):
+            if not (np.array_equal(np.broadcast_to(x.minimum, x.shape),
+                                   np.broadcast_to(y.minimum, y.shape)) and
+                    np.array_equal(np.broadcast_to(x.maximum, x.shape),
+                                   np.broadcast_to(y.maximum, y.shape))):
+                return False
+    return True
+
+
+def _check_specs(envs, policy):
+    """Checks every env against env 0 and the policy; returns the batch size B."""
+    first = envs[0]
+    B = first.batch_size
+    if B is None or B < 1:
+        raise ValueError(f"environments must have a batch size >= 1, got {B}")
+    for i, env in enumerate(envs[1:], start=1):
+        if env.batch_size != B:
+            raise ValueError(f"env {i} has batch size {env.batch_size}, env 0 has {B}: "
+                             f"every environment must have the same batch size")
+        for what in ("time_step_spec", "action_spec"):
+            a, b = getattr(first, what)(), getattr(env, what)()
+            if not _specs_match(a, b):
+                raise ValueError(f"env {i}'s {what} differs from env 0's: expected "
+                                 f"{_spec_str(a)}, got {_spec_str(b)}")
+    for what, env_spec, policy_spec in [
+            ("time_step_spec", first.time_step_spec(), policy.time_step_spec),
+            ("action_spec", first.action_spec(), policy.action_spec)]:
+        if not _specs_match(env_spec, policy_spec):
+            raise ValueError(f"the environments' {what} does not match the policy's: "
+                             f"policy expects {_spec_str(policy_spec)}, environments "
+                             f"have {_spec_str(env_spec)}")
+    return B

@@ -1,0 +1,185 @@
+"""EnvThread: steps one TFEnvironment, asks an actor for actions, ships unrolls.
+
+Each step the thread puts (time_step, policy_state, env_id) into its actor
+queue, waits on its own action-return queue, and steps the environment.
+After `unroll_length` steps it puts the unroll — a batch-major Trajectory
+[B, T] and the global env id of each row — into the log queue, then the
+learn queue (in that order, so the metrics never count fewer unrolls than
+the learner was given).
+
+The whole loop is one long-running graph call (a tf.while_loop that ends
+only when a queue is closed): the queue traffic and the unroll never touch
+Python, and the GIL is taken only to step a Python environment. Measured in
+benchmarks/throughput.py: a Python loop of eager queue ops was ~5x slower
+with 4 env threads, because every per-step op and numpy conversion
+competed for the GIL.
+
+A Python environment behind a TFPyEnvironment is stepped through our own
+`tf.numpy_function`, which records the environment's exception before TF
+turns it into a `tf.errors.OpError`; the thread then raises the original
+(a ValueError in env.step stays a ValueError, with its traceback). Other
+TFEnvironments are stepped in the graph with `env.step`; their errors are TF
+errors already.
+
+Threads: `run()` is this thread; everything blocks inside the graph call
+(actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
+environment's own step). Closing the queues ends the call; an environment
+step in progress finishes first. The perf counters may be read by any thread.
+"""
+
+import threading
+
+import tensorflow as tf
+from tf_agents.environments import tf_py_environment
+from tf_agents.trajectories import trajectory as trajectory_lib
+
+QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
+
+
+def uses_python_env(tf_env):
+    """True when `tf_env`'s Python environment can be stepped from any thread.
+
+    A TFPyEnvironment built with `isolation=True` must run its environment on
+    its own thread, so it is stepped through `tf_env.step` instead.
+    """
+    return (isinstance(tf_env, tf_py_environment.TFPyEnvironment) and
+            getattr(tf_env, "_pool", None) is None)
+
+
+class EnvThread(threading.Thread):
+    """Owns one environment (batch size B) and runs it until the queues close."""
+
+    def __init__(self, name, coord, env, env_index, queues, actor_queue, return_queue,
+                 initial_policy_state, unroll_length):
+        """
+        Args:
+            name: thread name.
+            coord: the driver's `tf.train.Coordinator`.
+            env: a TFEnvironment with batch size B.
+            env_index: this thread's index; rows get global ids env_index*B + b.
+            queues: the driver's `TFQueues` (for the learn and log queues).
+            actor_queue: the `NestFIFOQueue` this thread sends requests to.
+            return_queue: the `NestFIFOQueue` its actions come back on.
+            initial_policy_state: nest of tensors, the policy state for B rows.
+            unroll_length: T.
+        """
+        super().__init__(name=name, daemon=True)
+        self._coord = coord
+        self._env = env
+        self._index = env_index
+        self._queues = queues
+        self._actor_queue = actor_queue
+        self._return_queue = return_queue
+        self._initial_policy_state = initial_policy_state
+        self._T = unroll_length
+        self._B = queues.env_batch_size
+        self._time_step_spec, self._state_spec, _ = actor_queue.element_spec
+        self._python_env = uses_python_env(env)
+        self._env_error = None
+        self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
+        self._wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                 name=name + "_action_wait_secs")
+
+    @property
+    def steps(self):
+        """Env steps this thread has put into unrolls."""
+        return int(self._steps.numpy())
+
+    @property
+    def action_wait_secs(self):
+        """Seconds this thread spent waiting for its actions."""
+        return float(self._wait.numpy())
+
+    def run(self):
+        with self._coord.stop_on_exception():
+            try:
+                time_step = self._env.reset()
+                loop = tf.function(self._loop, autograph=False)
+                loop(tf.nest.flatten(time_step), tf.nest.flatten(self._initial_policy_state))
+            except QUEUE_CLOSED_ERRORS as e:
+                self._raise_env_error(e)
+                if not self._coord.should_stop():
+                    raise
+            except tf.errors.OpError as e:
+                self._raise_env_error(e)
+                raise
+
+    def _raise_env_error(self, op_error):
+        if self._env_error is not None:
+            raise self._env_error.with_traceback(self._env_error.__traceback__) from None
+
+    # ------------------------------------------------------------------ graph
+
+    def _py_step(self, *flat_action):
+        try:
+            action = tf.nest.pack_sequence_as(self._env.action_spec(), list(flat_action))
+            return tf.nest.flatten(self._env.pyenv.step(action))
+        except BaseException as e:
+            self._env_error = e
+            raise
+
+    def _env_step(self, action):
+        if not self._python_env:
+            return self._env.step(action)
+        flat_spec = tf.nest.flatten(self._time_step_spec)
+        flat = tf.numpy_function(self._py_step, tf.nest.flatten(action),
+                                 [s.dtype for s in flat_spec], stateful=True)
+        flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
+        return tf.nest.pack_sequence_as(self._time_step_spec, flat)
+
+    def _act(self, time_step, policy_state):
+        """Sends a request to the actor and waits for this env's policy step."""
+        # Explicit control dependencies: automatic ones order ops per resource
+        # only, and these touch different queues.
+        flat_request = tf.nest.flatten((time_step, policy_state, tf.constant(self._index)))
+        request = self._actor_queue.queue.enqueue(flat_request)
+        with tf.control_dependencies([request]):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            flat_step = self._return_queue.queue.dequeue()
+        if not isinstance(flat_step, list):
+            flat_step = [flat_step]
+        with tf.control_dependencies(flat_step):
+            self._wait.assign_add(tf.timestamp() - start)
+        return tf.nest.pack_sequence_as(self._queues.policy_step_spec, flat_step)
+
+    def _unroll(self, flat_time_step, flat_state):
+        """T steps; returns the Trajectory [B, T] and the loop state after it.
+
+        The T steps are written out in the graph (a Python loop at trace
+        time) rather than run by an inner tf.while_loop with TensorArrays,
+        which measured ~2x slower per step (benchmarks/throughput.py).
+        """
+        transitions = []
+        for _ in range(self._T):
+            time_step = tf.nest.pack_sequence_as(self._time_step_spec, flat_time_step)
+            state = tf.nest.pack_sequence_as(self._state_spec, flat_state)
+            policy_step = self._act(time_step, state)
+            next_time_step = self._env_step(policy_step.action)
+            transitions.append(tf.nest.flatten(trajectory_lib.Trajectory(
+                step_type=time_step.step_type, observation=time_step.observation,
+                action=policy_step.action, policy_info=policy_step.info,
+                next_step_type=next_time_step.step_type, reward=next_time_step.reward,
+                discount=next_time_step.discount)))
+            flat_time_step = tf.nest.flatten(next_time_step)
+            flat_state = tf.nest.flatten(policy_step.state)
+        flat_traj = [tf.stack(leaves, axis=1) for leaves in zip(*transitions)]
+        return flat_traj, flat_time_step, flat_state
+
+    def _loop(self, flat_time_step, flat_state):
+        env_ids = tf.range(self._index * self._B, (self._index + 1) * self._B, dtype=tf.int32)
+
+        def body(flat_time_step, flat_state):
+            flat_traj, flat_time_step, flat_state = self._unroll(flat_time_step, flat_state)
+            unroll = flat_traj + [env_ids]
+            logged = self._queues.log_queue.queue.enqueue(unroll)
+            with tf.control_dependencies([logged]):
+                learned = self._queues.learn_queue.queue.enqueue(unroll)
+            with tf.control_dependencies([learned]):
+                counted = self._steps.assign_add(self._T * self._B)
+            with tf.control_dependencies([counted]):
+                return ([tf.identity(t) for t in flat_time_step],
+                        [tf.identity(t) for t in flat_state])
+
+        # Runs until a queue op fails because the driver closed the queues.
+        tf.while_loop(lambda *_: True, body, (flat_time_step, flat_state), parallel_iterations=1)

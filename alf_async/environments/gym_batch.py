@@ -1,0 +1,131 @@
+"""BatchedGymEnv: B gym environments stepped in one loop, as one batched PyEnvironment.
+
+Why our own instead of tf-agents' `BatchedPyEnvironment` over `suite_gym`
+environments: each of those steps goes through GymWrapper, TimeLimit,
+PyEnvironment.step and a per-env nest stack, ~50 us of Python for a gym
+CartPole step that costs ~4 us; with 64 CartPoles that stack, not the
+simulator or the policy, bounds collection (benchmarks/throughput.py
+measures both). This class keeps tf-agents' semantics exactly:
+
+- specs from `tf_agents.environments.gym_wrapper.spec_from_gym_space`, so
+  they equal suite_gym's;
+- per-environment auto-reset: the step after a LAST returns the FIRST of a
+  new episode (reward 0, discount 1) and ignores that row's action;
+- a terminal step has discount 0; a step ended by the time limit (gym's
+  TimeLimit, `info["TimeLimit.truncated"]`) is LAST with discount 1, as
+  with tf-agents' TimeLimit wrapper.
+"""
+
+import gym
+import numpy as np
+from tf_agents.environments import gym_wrapper, py_environment
+from tf_agents.specs import array_spec
+from tf_agents.trajectories import time_step as ts
+
+FIRST, MID, LAST = (np.int32(ts.StepType.FIRST), np.int32(ts.StepType.MID),
+                    np.int32(ts.StepType.LAST))
+
+
+class BatchedGymEnv(py_environment.PyEnvironment):
+    """A batched PyEnvironment over gym environments with one flat Box/Discrete
+    observation each.
+
+    Args:
+        envs: a list of gym environments (or zero-arg callables making them),
+            all with the same spaces.
+        seed: if not None, env i is reset with seed `seed + i` the first time.
+        discount: the discount of non-terminal steps.
+    """
+
+    def __init__(self, envs, seed=None, discount=1.0):
+        super().__init__(handle_auto_reset=False)
+        self._envs = [e() if callable(e) and not isinstance(e, gym.Env) else e for e in envs]
+        if not self._envs:
+            raise ValueError("BatchedGymEnv needs at least one environment")
+        first = self._envs[0]
+        self._observation_spec = gym_wrapper.spec_from_gym_space(
+            first.observation_space, name="observation")
+        self._action_spec = gym_wrapper.spec_from_gym_space(first.action_space, name="action")
+        for i, env in enumerate(self._envs[1:], start=1):
+            if (env.observation_space != first.observation_space or
+                    env.action_space != first.action_space):
+                raise ValueError(f"BatchedGymEnv: env {i}'s spaces differ from env 0's")
+        if not isinstance(self._observation_spec, array_spec.ArraySpec):
+            raise ValueError(f"BatchedGymEnv supports Box/Discrete observations only, got "
+                             f"{first.observation_space}")
+        self._seed = seed
+        self._seeded = False
+        self._discount = np.float32(discount)
+        self._obs_dtype = self._observation_spec.dtype
+        self._scalar_action = self._action_spec.shape == ()
+        self._done = np.zeros(len(self._envs), bool)
+
+    @property
+    def batched(self):
+        return True
+
+    @property
+    def batch_size(self):
+        return len(self._envs)
+
+    @property
+    def envs(self):
+        return list(self._envs)
+
+    def observation_spec(self):
+        return self._observation_spec
+
+    def action_spec(self):
+        return self._action_spec
+
+    def _reset(self):
+        B = len(self._envs)
+        obs = np.empty((B,) + self._observation_spec.shape, self._obs_dtype)
+        for i, env in enumerate(self._envs):
+            obs[i] = self._reset_env(i, env)
+        self._seeded = True
+        self._done[:] = False
+        return ts.TimeStep(np.full(B, FIRST), np.zeros(B, np.float32),
+                           np.ones(B, np.float32), obs)
+
+    def _reset_env(self, i, env):
+        if self._seed is not None and not self._seeded:
+            return env.reset(seed=self._seed + i)
+        return env.reset()
+
+    def _step(self, action):
+        B = len(self._envs)
+        obs = np.empty((B,) + self._observation_spec.shape, self._obs_dtype)
+        step_type = np.empty(B, np.int32)
+        reward = np.zeros(B, np.float32)
+        discount = np.empty(B, np.float32)
+        done = self._done
+        scalar = self._scalar_action
+        for i, env in enumerate(self._envs):
+            if done[i]:
+                obs[i] = env.reset()
+                step_type[i] = FIRST
+                discount[i] = 1.0
+                done[i] = False
+                continue
+            o, r, d, info = env.step(action[i].item() if scalar else action[i])
+            obs[i] = o
+            reward[i] = r
+            if d:
+                done[i] = True
+                step_type[i] = LAST
+                discount[i] = self._discount if info.get("TimeLimit.truncated") else 0.0
+            else:
+                step_type[i] = MID
+                discount[i] = self._discount
+        return ts.TimeStep(step_type, reward, discount, obs)
+
+    def close(self):
+        for env in self._envs:
+            env.close()
+
+
+def load_batched(name, batch_size, seed=None, max_episode_steps=None):
+    """A BatchedGymEnv of `batch_size` `gym.make(name)` environments."""
+    kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+    return BatchedGymEnv([gym.make(name, **kwargs) for _ in range(batch_size)], seed=seed)
