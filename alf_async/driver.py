@@ -152,6 +152,11 @@ class AsyncOffPolicyDriver(object):
         return len(self._envs)
 
     @property
+    def environments(self):
+        """The TFEnvironments the driver built (e.g. to read their `restarts`)."""
+        return list(self._envs)
+
+    @property
     def queues(self):
         """The driver's `TFQueues` (for occupancy summaries)."""
         return self._queues
