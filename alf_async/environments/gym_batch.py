@@ -126,6 +126,18 @@ class BatchedGymEnv(py_environment.PyEnvironment):
 
 
 def load_batched(name, batch_size, seed=None, max_episode_steps=None):
-    """A BatchedGymEnv of `batch_size` `gym.make(name)` environments."""
-    kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
-    return BatchedGymEnv([gym.make(name, **kwargs) for _ in range(batch_size)], seed=seed)
+    """A BatchedGymEnv of `batch_size` `gym.make(name)` environments.
+
+    Args:
+        name: a registered gym id, e.g. "CartPole-v0".
+        batch_size: number of environments.
+        seed: env i is first reset with seed + i (None: unseeded).
+        max_episode_steps: replaces the registered time limit (as suite_gym does).
+    """
+    def make():
+        env = gym.make(name)
+        if max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env.unwrapped, max_episode_steps)
+        return env
+
+    return BatchedGymEnv([make() for _ in range(batch_size)], seed=seed)

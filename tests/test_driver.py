@@ -1,0 +1,372 @@
+"""AsyncOffPolicyDriver on tiny deterministic environments: exact counts,
+continuity, routing, metrics, RNN state, and every failure and stop path."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.environments import batched_py_environment, tf_py_environment
+from tf_agents.metrics import tf_metrics
+
+from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.metrics import AsyncStepMetric
+from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvFactory
+from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
+                                        expected_counting_action)
+from conftest import driver_threads
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def specs(batch_size=1):
+    env = CountingEnvFactory(batch_size=batch_size)()
+    return env.time_step_spec(), env.action_spec()
+
+
+def make(factory, policy_cls=CountingPolicy, **kwargs):
+    return AsyncOffPolicyDriver(factory, policy_cls(*specs()), **kwargs)
+
+
+def collect(driver, num_batches):
+    out = []
+    for _ in range(num_batches):
+        exp, env_ids, steps = driver.get_training_exps()
+        out.append((tf.nest.map_structure(lambda t: t.numpy(), exp), env_ids.numpy(), steps))
+    return out
+
+
+def rows_by_env(batches):
+    """env_id -> list of rows [T, 3] of observations, in arrival order."""
+    rows = {}
+    for exp, env_ids, _ in batches:
+        for r, env_id in enumerate(env_ids):
+            rows.setdefault(int(env_id), []).append(exp.observation[r])
+    return rows
+
+
+def test_batches_are_continuous_per_env_with_stable_ids_and_exact_steps():
+    B, num_envs, T, cap = 2, 3, 4, 2
+    factory = CountingEnvFactory(batch_size=B, episode_length=lambda i: 3 + i)
+    driver = make(factory, num_envs=num_envs, unroll_length=T, learn_queue_cap=cap,
+                  actor_queue_cap=2)
+    driver.start()
+    try:
+        batches = collect(driver, 12)
+    finally:
+        driver.stop()
+    for exp, env_ids, steps in batches:
+        assert steps == cap * T * B == 16
+        assert env_ids.dtype == np.int32 and env_ids.shape == (cap * B,)
+        assert exp.observation.shape == (cap * B, T, 3)
+        assert exp.step_type.shape == exp.reward.shape == exp.action.shape == (cap * B, T)
+        # Routing: each action was computed from its own row's observation.
+        np.testing.assert_array_equal(exp.action, expected_counting_action(exp.observation))
+    rows = rows_by_env(batches)
+    assert set(rows) <= set(range(num_envs * B)) and len(rows) == num_envs * B
+    env_index_of = {}
+    for env_id, obs_rows in rows.items():
+        obs = np.concatenate(obs_rows)                      # [n*T, 3]
+        # One env per id, for the driver's life.
+        assert len(set(obs[:, OBS_ENV])) == 1
+        env_index_of[env_id] = int(obs[0, OBS_ENV])
+        # No step lost, none repeated: counters are consecutive across batches.
+        np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
+    # The B rows of one env thread are one env's batch (built by one env_f call).
+    for thread in range(num_envs):
+        indices = sorted(env_index_of[thread * B + b] for b in range(B))
+        assert indices[0] % B == 0 and indices == list(range(indices[0], indices[0] + B))
+    assert sorted(env_index_of.values()) == list(range(num_envs * B))
+
+
+def test_rewards_discounts_and_step_types_follow_the_env():
+    driver = make(CountingEnvFactory(episode_length=3), num_envs=1, unroll_length=8)
+    driver.start()
+    try:
+        (exp, _, _), = collect(driver, 1)
+    finally:
+        driver.stop()
+    # F M M L F M M L: transitions F->M, M->M, M->L, L->F(boundary), ...
+    np.testing.assert_array_equal(exp.step_type[0], [0, 1, 1, 2, 0, 1, 1, 2])
+    np.testing.assert_array_equal(exp.next_step_type[0], [1, 1, 2, 0, 1, 1, 2, 0])
+    np.testing.assert_array_equal(exp.reward[0], [1, 1, 1, 0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(exp.discount[0], [1, 1, 0, 1, 1, 1, 0, 1])
+    np.testing.assert_array_equal(exp.observation[0, :, OBS_STEP], [0, 1, 2, 3, 0, 1, 2, 3])
+
+
+def test_rnn_policy_state_is_carried_per_environment():
+    factory = CountingEnvFactory(batch_size=2, episode_length=lambda i: 2 + 2 * i)
+    driver = make(factory, policy_cls=StatefulCountingPolicy, num_envs=4, unroll_length=3,
+                  learn_queue_cap=2, num_actor_queues=2, actor_queue_cap=2)
+    driver.start()
+    try:
+        batches = collect(driver, 10)
+    finally:
+        driver.stop()
+    for exp, _, _ in batches:
+        # The state counts steps since FIRST per row: it equals step_in_episode
+        # only if no row ever got another row's state.
+        np.testing.assert_array_equal(exp.action, exp.observation[..., OBS_STEP])
+    assert max(int(exp.observation[..., OBS_STEP].max()) for exp, _, _ in batches) >= 5
+
+
+def test_metrics_count_every_unroll_after_stop_and_follow_tf_agents():
+    seen = []
+    factory = CountingEnvFactory(batch_size=2, episode_length=5)
+    driver = make(factory, num_envs=3, unroll_length=4, learn_queue_cap=2,
+                  observers=[lambda traj: seen.append(
+                      tf.nest.map_structure(lambda t: t.numpy(), traj))])
+    driver.start()
+    learned = []
+    try:
+        for exp, _, _ in collect(driver, 8):
+            learned.append(exp.observation)
+    finally:
+        driver.stop()
+    episodes, env_steps, avg_return, avg_length = [m.result().numpy()
+                                                   for m in driver.get_metrics()]
+    assert avg_return == 5.0 and avg_length == 5.0
+    # Exactly tf-agents' counts over every unroll the LogThread saw ...
+    ref_eps, ref_steps = tf_metrics.NumberOfEpisodes(), tf_metrics.EnvironmentSteps()
+    for traj in seen:
+        ref_eps(tf.nest.map_structure(tf.convert_to_tensor, traj))
+        ref_steps(tf.nest.map_structure(tf.convert_to_tensor, traj))
+    assert episodes == ref_eps.result().numpy() and env_steps == ref_steps.result().numpy()
+    # ... and the LogThread saw every unroll the learner was given.
+    logged = {tuple(traj.observation[r, 0]) for traj in seen for r in range(2)}
+    for obs in learned:
+        for row in obs:
+            assert tuple(row[0]) in logged
+    assert len(seen) * 8 >= len(learned) * 16
+
+
+def test_run_async_feeds_exp_observers_and_returns_steps():
+    got = []
+    driver = make(CountingEnvFactory(batch_size=2), num_envs=2, unroll_length=3,
+                  learn_queue_cap=2, exp_observers=[lambda exp, ids: got.append((exp, ids))])
+    driver.start()
+    try:
+        assert [driver.run_async() for _ in range(3)] == [12, 12, 12]
+    finally:
+        driver.stop()
+    assert len(got) == 3
+    exp, ids = got[0]
+    assert exp.observation.shape == (4, 3, 3) and ids.shape == (4,)
+
+
+def test_environments_are_built_concurrently():
+    def slow_env_f():
+        time.sleep(1.0)
+        return CountingEnvFactory()()
+
+    start = time.perf_counter()
+    driver = make(slow_env_f, num_envs=4)
+    elapsed = time.perf_counter() - start
+    driver.stop()
+    assert elapsed < 2.5, f"4 envs of 1 s each took {elapsed:.1f} s"
+
+
+def test_tf_environment_without_python_fast_path():
+    def env_f():
+        return tf_py_environment.TFPyEnvironment(
+            batched_py_environment.BatchedPyEnvironment([CountingEnv()], multithreading=False),
+            isolation=True)
+
+    driver = make(env_f, num_envs=2, unroll_length=4, learn_queue_cap=2)
+    driver.start()
+    try:
+        batches = collect(driver, 4)
+    finally:
+        driver.stop()
+    for obs_rows in rows_by_env(batches).values():
+        obs = np.concatenate(obs_rows)
+        np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
+
+
+# ------------------------------------------------------------- refused input
+
+def test_deadlocking_config_is_refused_before_envs_are_built():
+    factory = CountingEnvFactory()
+    with pytest.raises(ValueError, match="deadlock"):
+        make(factory, num_envs=2, num_actor_queues=2, actor_queue_cap=2)
+    assert factory.created == []
+
+
+def test_env_specs_that_differ_from_each_other_are_refused_and_envs_closed():
+    built = []
+
+    def env_f():
+        env = CountingEnvFactory(batch_size=1 + len(built) % 2)()
+        built.append(env)
+        return env
+
+    with pytest.raises(ValueError, match="batch size"):
+        make(env_f, num_envs=2)
+    assert all(e.counting_envs[0].closed for e in built)
+
+
+def test_env_specs_that_differ_from_the_policys_are_refused():
+    from tf_agents.specs import tensor_spec
+    time_step_spec, action_spec = specs()
+    policy = CountingPolicy(time_step_spec, tensor_spec.BoundedTensorSpec((), tf.int32, 0, 5))
+    with pytest.raises(ValueError, match="action_spec does not match the policy's"):
+        AsyncOffPolicyDriver(CountingEnvFactory(), policy)
+
+
+def test_non_async_metric_is_refused_with_the_reason():
+    with pytest.raises(TypeError, match="AsyncStepMetric"):
+        make(CountingEnvFactory(), metrics=[tf_metrics.AverageReturnMetric()])
+
+
+def test_env_f_error_is_raised_from_the_constructor_with_its_type():
+    calls = []
+
+    def env_f():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyError("no such simulator")
+        return CountingEnvFactory()()
+
+    with pytest.raises(KeyError, match="no such simulator"):
+        make(env_f, num_envs=3)
+
+
+def test_run_is_refused_and_start_only_once():
+    driver = make(CountingEnvFactory())
+    with pytest.raises(RuntimeError, match="run_async"):
+        driver.run()
+    driver.start()
+    with pytest.raises(RuntimeError, match="only once"):
+        driver.start()
+    driver.stop()
+
+
+# ------------------------------------------------------------ worker errors
+
+def assert_raised_within(driver, error_type, match, seconds=5.0):
+    start = time.perf_counter()
+    with pytest.raises(error_type, match=match):
+        for _ in range(1000):
+            driver.run_async()
+    assert time.perf_counter() - start < seconds
+    driver.stop()  # already stopped: returns, does not raise again
+    assert not driver_threads()
+
+
+def test_value_error_in_env_step_arrives_as_value_error():
+    driver = make(CountingEnvFactory(raise_on_step=7, error=ValueError("env step 7 broke")),
+                  num_envs=2, unroll_length=2)
+    driver.start()
+    assert_raised_within(driver, ValueError, "env step 7 broke")
+
+
+def test_policy_error_arrives_with_its_type():
+    time_step_spec, action_spec = specs()
+    driver = AsyncOffPolicyDriver(CountingEnvFactory(),
+                                  FailingPolicy(time_step_spec, action_spec, fail_at=10),
+                                  num_envs=2, unroll_length=2)
+    driver.start()
+    assert_raised_within(driver, tf.errors.InvalidArgumentError, "FailingPolicy")
+
+
+def test_observer_error_arrives_with_its_type():
+    class ObserverBroke(Exception):
+        pass
+
+    def observer(traj):
+        raise ObserverBroke("observer failed")
+
+    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2, observers=[observer])
+    driver.start()
+    assert_raised_within(driver, ObserverBroke, "observer failed")
+
+
+def test_error_is_raised_by_stop_when_the_learner_never_asked():
+    driver = make(CountingEnvFactory(raise_on_step=1, error=ValueError("first step")),
+                  num_envs=1)
+    driver.start()
+    deadline = time.time() + 5
+    while driver_threads() and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ValueError, match="first step"):
+        driver.stop()
+    driver.stop()
+    with pytest.raises(DriverStoppedError):
+        driver.run_async()
+
+
+def test_a_new_driver_works_after_a_failed_one():
+    failing = make(CountingEnvFactory(raise_on_step=3), num_envs=1, unroll_length=2)
+    failing.start()
+    with pytest.raises(ValueError):
+        for _ in range(100):
+            failing.run_async()
+    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2)
+    driver.start()
+    assert driver.run_async() == 2
+    driver.stop()
+
+
+# --------------------------------------------------------------------- stop
+
+@pytest.mark.parametrize("state", ["never_started", "running", "twice"])
+def test_stop_returns_quickly_and_leaves_no_thread(state):
+    factory = CountingEnvFactory(batch_size=2)
+    driver = make(factory, num_envs=2, unroll_length=2)
+    if state != "never_started":
+        driver.start()
+        driver.run_async()
+    start = time.perf_counter()
+    driver.stop()
+    if state == "twice":
+        driver.stop()
+    assert time.perf_counter() - start < 5
+    assert not driver_threads()
+    assert all(e.counting_envs[0].closed for e in factory.created)
+
+
+def test_stop_from_another_thread_wakes_a_blocked_learner():
+    # learn_queue_cap 1000 with one env: the learner waits for a very long time.
+    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2, learn_queue_cap=1000)
+    driver.start()
+    outcome = {}
+
+    def learner():
+        try:
+            driver.run_async()
+            outcome["returned"] = True
+        except DriverStoppedError as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive()
+    start = time.perf_counter()
+    driver.stop()
+    t.join(5)
+    assert time.perf_counter() - start < 5 and not t.is_alive()
+    assert isinstance(outcome.get("error"), DriverStoppedError)
+    assert not driver_threads()
+
+
+def test_run_async_before_start_is_refused():
+    driver = make(CountingEnvFactory())
+    with pytest.raises(DriverStoppedError, match="start"):
+        driver.run_async()
+    driver.stop()
+
+
+def test_perf_stats_count_steps_and_batches():
+    driver = make(CountingEnvFactory(batch_size=2), num_envs=2, unroll_length=4,
+                  learn_queue_cap=2, actor_queue_cap=2)
+    driver.start()
+    for _ in range(3):
+        driver.run_async()
+    driver.stop()
+    stats = driver.get_perf_stats()
+    assert stats["env_steps"] >= 3 * 16 and stats["env_steps"] % 8 == 0
+    assert stats["actor_rows"] == stats["actor_batches"] * 4
+    assert stats["actor_batches"] * 4 >= stats["env_steps"]
+    assert stats["actor_inference_secs"] > 0 and stats["action_wait_secs"] > 0
