@@ -1,0 +1,217 @@
+"""Replayers: where the learner's experience goes between `run_async()` and training.
+
+A replayer is an exp_observer of the driver, `replayer(exp, env_ids)` with
+`exp` a batch-major Trajectory [rows, T, ...] and `env_ids` int32 [rows], and
+it hands experience to the training step with `sample(sample_batch_size,
+num_steps)` -> Trajectory [batch, num_steps, ...]. `sample` uses TF ops only,
+so the trainer can trace it into the same `tf.function` as `agent.train`.
+
+- `OneTimeReplayer`: trains on exactly the batch that was dequeued, cut into
+  the overlapping windows of `num_steps` the agent trains on.
+- `UniformReplayer`: a replay buffer with one ring per environment row;
+  samples windows uniformly, never across rows or across a row's write
+  cursor.
+
+Threads: both are called by the learner's thread only (`run_async()` calls
+the observers, the trainer samples); nothing blocks.
+"""
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+
+def _windows(exp, num_steps):
+    """[R, T, ...] -> [R * (T - num_steps + 1), num_steps, ...], all overlapping windows."""
+    T = tf.nest.flatten(exp)[0].shape[1]
+    if num_steps is None or num_steps == T:
+        return exp
+    if num_steps > T:
+        raise ValueError(f"the agent trains on sequences of {num_steps} steps but the "
+                         f"driver's unrolls have {T}: set unroll_length >= {num_steps}")
+    num_windows = T - num_steps + 1
+    index = tf.range(num_windows)[:, None] + tf.range(num_steps)[None, :]
+
+    def cut(t):
+        w = tf.gather(t, index, axis=1)  # [R, num_windows, num_steps, ...]
+        return tf.reshape(w, [-1, num_steps] + t.shape[2:].as_list())
+
+    return tf.nest.map_structure(cut, exp)
+
+
+@gin.configurable
+class OneTimeReplayer(tf.Module):
+    """Keeps only the latest dequeued batch; `sample()` returns its windows.
+
+    Windows are cut inside each row's unroll, so with unroll length T and
+    `num_steps` n a row gives T - n + 1 windows (the n - 1 transitions that
+    span two consecutive unrolls are not trained on). Calling `sample()`
+    twice trains twice on the same batch.
+    """
+
+    def __init__(self, data_spec=None, num_rows=None, name="one_time_replayer"):
+        """
+        Args:
+            data_spec: the Trajectory spec of the experience (unused; for a
+                signature shared with `UniformReplayer`).
+            num_rows: the number of environment rows (unused, likewise).
+            name: the module's name.
+        """
+        super().__init__(name=name)
+        del data_spec, num_rows
+        self._batch = None
+
+    def __call__(self, exp, env_ids):
+        del env_ids
+        # Kept in variables (made at the first batch, whose shape every batch
+        # has) so that a traced train step reads the latest batch.
+        if self._batch is None:
+            with self.name_scope:
+                self._batch = tf.nest.map_structure(
+                    lambda t: tf.Variable(t, trainable=False, name="batch"), exp)
+        else:
+            tf.nest.map_structure(lambda v, t: v.assign(t), self._batch, exp)
+
+    def num_frames(self):
+        """Transitions held: those of the latest batch."""
+        if self._batch is None:
+            return 0
+        return int(np.prod(tf.nest.flatten(self._batch)[0].shape[:2]))
+
+    def can_sample(self, num_steps):
+        del num_steps
+        return self._batch is not None
+
+    def sample(self, sample_batch_size=None, num_steps=None):
+        """All windows of `num_steps` of the latest batch.
+
+        Args:
+            sample_batch_size: ignored: the batch is what was dequeued.
+            num_steps: window length (the agent's train_sequence_length);
+                None for whole unrolls.
+        """
+        del sample_batch_size
+        if self._batch is None:
+            raise ValueError("OneTimeReplayer.sample() before any experience was observed")
+        return _windows(tf.nest.map_structure(tf.convert_to_tensor, self._batch), num_steps)
+
+
+@gin.configurable
+class UniformReplayer(tf.Module):
+    """A uniform replay buffer with one ring of `capacity_per_row` steps per env row.
+
+    Why not tf-agents' `TFUniformReplayBuffer`: its `add_batch` writes one
+    item to every one of its `batch_size` rows at once, i.e. it assumes every
+    batch holds all environments in a fixed order. The driver's batches hold
+    the unrolls of whichever env threads were ready (a subset, in any order,
+    sometimes two consecutive unrolls of one env row). So each env row
+    (global env id) here owns a ring and a write counter; an unroll is
+    written at its row's cursor, and a sampled window of `num_steps` lies
+    inside one row and between that row's oldest kept step and its cursor —
+    an n-step sample never joins two environments, nor the newest step with
+    the oldest of a wrapped ring.
+
+    Windows are sampled uniformly over all valid windows of all rows. The
+    storage is `tf.Variable`s, so a `tf.train.Checkpoint` (or tf-agents'
+    `Checkpointer(replay_buffer=...)`) saves and restores it.
+    """
+
+    def __init__(self, data_spec, num_rows, capacity_per_row=10000, name="uniform_replayer"):
+        """
+        Args:
+            data_spec: nest of `tf.TensorSpec`s of one step (the agent's
+                `collect_data_spec`).
+            num_rows: number of environment rows (num_envs * env batch size);
+                env ids must lie in [0, num_rows).
+            capacity_per_row: steps each row keeps; must be at least the
+                steps one driver batch can bring to one row.
+            name: the module's name (and its variables').
+        """
+        super().__init__(name=name)
+        if num_rows < 1 or capacity_per_row < 1:
+            raise ValueError(f"UniformReplayer needs num_rows >= 1 and capacity_per_row >= 1, "
+                             f"got {num_rows} and {capacity_per_row}")
+        self._spec = data_spec
+        self._num_rows = num_rows
+        self._capacity = capacity_per_row
+        with self.name_scope:
+            self._storage = tf.nest.map_structure(
+                lambda s: tf.Variable(tf.zeros([num_rows, capacity_per_row] + s.shape.as_list(),
+                                               s.dtype), trainable=False, name="storage"),
+                data_spec)
+            # Steps ever written per row; the row's cursor is written % capacity.
+            self._written = tf.Variable(tf.zeros([num_rows], tf.int64), trainable=False,
+                                        name="written")
+        self._add = tf.function(self._add_graph, autograph=False)
+
+    @property
+    def capacity_per_row(self):
+        return self._capacity
+
+    @property
+    def num_rows(self):
+        return self._num_rows
+
+    def __call__(self, exp, env_ids):
+        """Appends each row of `exp` [N, T, ...] to the ring of its env id."""
+        tf.nest.assert_same_structure(self._spec, exp)
+        T = tf.nest.flatten(exp)[0].shape[1]
+        if T > self._capacity:
+            raise ValueError(f"an unroll of {T} steps does not fit a row of capacity "
+                             f"{self._capacity}")
+        self._add(exp, tf.convert_to_tensor(env_ids, tf.int32))
+
+    def _add_graph(self, exp, env_ids):
+        T = tf.shape(tf.nest.flatten(exp)[0], out_type=tf.int64)[1]
+        ids = tf.cast(env_ids, tf.int64)
+        tf.debugging.assert_less(ids, tf.constant(self._num_rows, tf.int64),
+                                 message="UniformReplayer: env id >= num_rows")
+        # A row may appear twice in one batch (two consecutive unrolls of a
+        # fast env, in order): the k-th occurrence goes k unrolls further.
+        same = tf.equal(ids[:, None], ids[None, :])
+        earlier = tf.linalg.band_part(tf.ones_like(same, tf.int64), -1, 0) - tf.eye(
+            tf.shape(ids)[0], dtype=tf.int64)
+        rank = tf.reduce_sum(tf.cast(same, tf.int64) * earlier, axis=1)
+        start = tf.gather(self._written, ids) + rank * T  # [N]
+        pos = (start[:, None] + tf.range(T)[None, :]) % self._capacity  # [N, T]
+        index = tf.stack([tf.broadcast_to(ids[:, None], tf.shape(pos)), pos], axis=-1)
+        updates = [v.scatter_nd_update(index, t) for v, t in
+                   zip(tf.nest.flatten(self._storage), tf.nest.flatten(exp))]
+        with tf.control_dependencies(updates):
+            return self._written.scatter_nd_add(ids[:, None], tf.fill(tf.shape(ids), T))
+
+    def num_frames(self):
+        """Steps currently held, summed over rows."""
+        return int(tf.reduce_sum(tf.minimum(self._written, self._capacity)))
+
+    def can_sample(self, num_steps):
+        """True once some row holds a window of `num_steps` steps."""
+        return bool(tf.reduce_any(tf.minimum(self._written, self._capacity) >= num_steps))
+
+    def sample(self, sample_batch_size, num_steps=None):
+        """Samples `sample_batch_size` windows of `num_steps` uniformly (with replacement).
+
+        Args:
+            sample_batch_size: windows per sample.
+            num_steps: steps per window (the agent's train_sequence_length);
+                None means 1 (the time dimension is kept).
+
+        Returns:
+            A nest like `data_spec` of [sample_batch_size, num_steps, ...].
+            Fails (InvalidArgumentError) if no row holds a whole window yet.
+        """
+        n = 1 if num_steps is None else int(num_steps)
+        size = tf.minimum(self._written, self._capacity)  # [R]
+        windows = tf.maximum(size - n + 1, 0)
+        cumulative = tf.cumsum(windows)
+        total = cumulative[-1]
+        check = tf.debugging.assert_positive(
+            total, message=f"UniformReplayer: no row holds {n} steps yet")
+        with tf.control_dependencies([check]):
+            u = tf.random.uniform([sample_batch_size], maxval=total, dtype=tf.int64)
+        row = tf.searchsorted(cumulative, u, side="right", out_type=tf.int64)  # first row with cumulative > u
+        offset = u - (tf.gather(cumulative, row) - tf.gather(windows, row))
+        start = tf.gather(self._written, row) - tf.gather(size, row) + offset  # oldest + offset
+        pos = (start[:, None] + tf.range(n, dtype=tf.int64)[None, :]) % self._capacity
+        index = tf.stack([tf.broadcast_to(row[:, None], tf.shape(pos)), pos], axis=-1)
+        return tf.nest.map_structure(lambda v: tf.gather_nd(v, index), self._storage)

@@ -1,0 +1,582 @@
+"""The run_async training loop: one gin-configurable wiring function, `train()`.
+
+    train(root_dir, env_name='CartPole-v0', agent_fn=dqn_agent, ...)
+
+builds (tf-agents train_eval style) the environments (`suites`), a tf-agents
+agent (`agent_fn`: `dqn_agent`, `sac_agent`, or any callable returning a
+TFAgent), the AsyncOffPolicyDriver acting with `agent.collect_policy`, and a
+replayer (`replayers`), then loops
+
+    run_async() -> replayer (an exp_observer) -> agent.train x K
+                -> summaries / progress line / evaluation / checkpoint on their intervals
+
+until `num_iterations`, `num_env_steps`, `stop_at_eval_return` or `stop_event`,
+and stops the driver on every exit path. Everything lives under `root_dir`:
+
+    root_dir/train/   checkpoints (agent + optimizers, replay buffer, metrics,
+                      counters) and training summaries
+    root_dir/eval/    evaluation summaries
+    root_dir/operative_config-<global step>.gin
+
+Running again on the same root_dir restores the latest checkpoint: the
+global (train) step, the iteration and env-step counters and the metrics go
+on where they were; `num_iterations` / `num_env_steps` are totals.
+
+Threads: `train()` runs on the caller's thread (the learner); the driver's
+threads act and collect meanwhile. It blocks in `run_async()` (until the
+learn queue is full) and in training/evaluation.
+"""
+
+import collections
+import logging
+import os
+import time
+
+import gin
+import numpy as np
+import tensorflow as tf
+from tf_agents.agents.dqn import dqn_agent as dqn_agent_lib
+from tf_agents.agents.sac import sac_agent as sac_agent_lib
+from tf_agents.agents.sac import tanh_normal_projection_network
+from tf_agents.agents.ddpg import critic_network
+from tf_agents.eval import metric_utils
+from tf_agents.networks import actor_distribution_network, q_network
+from tf_agents.utils import common
+
+from alf_async.driver import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.environments import suites
+from alf_async import replayers
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------- agents
+# Builders for the agent_fn of train(): they make the networks and optimizers
+# a tf-agents agent needs from the specs; every other agent argument is
+# configured on the tf-agents class itself in gin (DqnAgent.gamma = 0.99).
+
+
+@gin.configurable
+def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(64, 64),
+              learning_rate=1e-3, epsilon_greedy=0.1, epsilon_final=None,
+              epsilon_decay_steps=0, agent_class=dqn_agent_lib.DqnAgent):
+    """A DqnAgent (or `agent_class`, e.g. DdqnAgent) with a QNetwork and Adam.
+
+    Args:
+        time_step_spec: the environment's TimeStep spec.
+        action_spec: the environment's (discrete) action spec.
+        train_step_counter: the global step variable the agent increments.
+        fc_layer_params: the QNetwork's hidden layer sizes.
+        learning_rate: Adam's learning rate.
+        epsilon_greedy: exploration rate of the collect policy (at train step 0).
+        epsilon_final: if set, epsilon decays linearly from `epsilon_greedy` to
+            this over `epsilon_decay_steps` train steps (the collect policy
+            reads the counter, so running actors follow the decay).
+        epsilon_decay_steps: length of the decay in train steps.
+        agent_class: the tf-agents agent class.
+    """
+    q_net = q_network.QNetwork(time_step_spec.observation, action_spec,
+                               fc_layer_params=tuple(fc_layer_params))
+    epsilon = epsilon_greedy
+    if epsilon_final is not None and epsilon_decay_steps > 0:
+        start, end, steps = float(epsilon_greedy), float(epsilon_final), float(epsilon_decay_steps)
+
+        def epsilon():
+            frac = tf.minimum(tf.cast(train_step_counter, tf.float32) / steps, 1.0)
+            return start + (end - start) * frac
+
+    return agent_class(time_step_spec, action_spec, q_network=q_net,
+                       optimizer=tf.keras.optimizers.Adam(learning_rate),
+                       epsilon_greedy=epsilon, train_step_counter=train_step_counter)
+
+
+@gin.configurable
+def sac_agent(time_step_spec, action_spec, train_step_counter,
+              actor_fc_layer_params=(256, 256), critic_joint_fc_layer_params=(256, 256),
+              actor_learning_rate=3e-4, critic_learning_rate=3e-4, alpha_learning_rate=3e-4):
+    """A SacAgent with tf-agents' standard SAC networks (tanh-normal actor) and Adams."""
+    observation_spec = time_step_spec.observation
+    actor_net = actor_distribution_network.ActorDistributionNetwork(
+        observation_spec, action_spec, fc_layer_params=tuple(actor_fc_layer_params),
+        continuous_projection_net=tanh_normal_projection_network.TanhNormalProjectionNetwork)
+    critic_net = critic_network.CriticNetwork(
+        (observation_spec, action_spec), joint_fc_layer_params=tuple(critic_joint_fc_layer_params),
+        kernel_initializer="glorot_uniform", last_kernel_initializer="glorot_uniform")
+    return sac_agent_lib.SacAgent(
+        time_step_spec, action_spec, actor_network=actor_net, critic_network=critic_net,
+        actor_optimizer=tf.keras.optimizers.Adam(actor_learning_rate),
+        critic_optimizer=tf.keras.optimizers.Adam(critic_learning_rate),
+        alpha_optimizer=tf.keras.optimizers.Adam(alpha_learning_rate),
+        train_step_counter=train_step_counter)
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+class Evaluator(object):
+    """Runs `policy` for exactly one episode in each row of a batched `env`.
+
+    Why not `metric_utils.eager_compute`: its DynamicEpisodeDriver counts
+    episodes over the whole batch, so on a batched env the rows that finish
+    first start new (shorter) episodes that get counted while long ones are
+    cut, which biases the average towards short episodes. Here each of the
+    B rows plays one episode and is masked once it ends; the whole loop is
+    one graph call.
+    """
+
+    def __init__(self, env, policy, max_steps=100000):
+        """
+        Args:
+            env: a TFEnvironment of batch size B = episodes per evaluation.
+            policy: a TFPolicy (e.g. the agent's greedy `agent.policy`).
+            max_steps: a bound on the episode length.
+        """
+        self._env = env
+        self._policy = policy
+        self._max_steps = max_steps
+        self._run = common.function(self._run_graph, autograph=False)
+
+    @property
+    def num_episodes(self):
+        return self._env.batch_size
+
+    def __call__(self):
+        """Returns (average return, average episode length) over the B episodes."""
+        returns, lengths = self._run()
+        return float(np.mean(returns.numpy())), float(np.mean(lengths.numpy()))
+
+    def _run_graph(self):
+        B = self._env.batch_size
+        time_step = self._env.reset()
+        state = self._policy.get_initial_state(B)
+        zeros = tf.zeros([B], tf.float32)
+
+        def cond(i, time_step, state, returns, lengths, done):
+            return tf.logical_and(i < self._max_steps, tf.logical_not(tf.reduce_all(done)))
+
+        def body(i, time_step, state, returns, lengths, done):
+            step = self._policy.action(time_step, state)
+            next_time_step = self._env.step(step.action)
+            reward = tf.reshape(tf.cast(next_time_step.reward, tf.float32), [B, -1])
+            active = tf.logical_not(done)
+            returns += tf.where(active, tf.reduce_sum(reward, axis=1), 0.0)
+            lengths += tf.where(active, 1.0, 0.0)
+            done = tf.logical_or(done, next_time_step.is_last())
+            return i + 1, next_time_step, step.state, returns, lengths, done
+
+        _, _, _, returns, lengths, _ = tf.while_loop(
+            cond, body, (tf.constant(0), time_step, state, zeros, zeros, tf.zeros([B], tf.bool)))
+        return returns, lengths
+
+
+# ----------------------------------------------------------------- summaries
+
+
+class DriverHealth(object):
+    """Writes the driver's health as summaries: rates over the last interval
+    (Perf/...), queue occupancy (Queues/...), environment restarts (Env/...).
+
+    Args:
+        driver: the AsyncOffPolicyDriver (its perf stats, queues, environments).
+        clock: a zero-arg callable returning seconds.
+    """
+
+    def __init__(self, driver, clock=time.monotonic):
+        self._driver = driver
+        self._clock = clock
+        self._last = None
+
+    def write(self, train_step):
+        """Writes the summaries at `train_step` (call under a default writer)."""
+        stats = self._driver.get_perf_stats()
+        now = self._clock()
+        last, self._last = self._last, (now, int(train_step), stats)
+        step = tf.constant(train_step, tf.int64)
+        if last is not None and now > last[0]:
+            dt = now - last[0]
+            old = last[2]
+            batches = stats["actor_batches"] - old["actor_batches"]
+            scalars = {
+                "Perf/env_steps_per_sec": (stats["env_steps"] - old["env_steps"]) / dt,
+                "Perf/train_steps_per_sec": (int(train_step) - last[1]) / dt,
+                # Share of the env threads' time spent waiting for an action.
+                "Perf/action_wait_fraction":
+                    (stats["action_wait_secs"] - old["action_wait_secs"]) /
+                    (dt * self._driver.num_envs),
+            }
+            if batches > 0:
+                scalars["Perf/actor_inference_ms_per_batch"] = 1000.0 * (
+                    stats["actor_inference_secs"] - old["actor_inference_secs"]) / batches
+                scalars["Perf/actor_batch_size"] = (
+                    stats["actor_rows"] - old["actor_rows"]) / batches
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, value, step=step)
+        queues = self._driver.queues
+        tf.summary.scalar("Queues/learn_queue_occupancy",
+                          stats["learn_queue_size"] / queues.learn_queue.capacity, step=step)
+        tf.summary.scalar("Queues/actor_queue_occupancy", float(np.mean([
+            size / q.capacity for size, q in zip(stats["actor_queue_sizes"],
+                                                  queues.actor_queues)])), step=step)
+        tf.summary.scalar("Queues/log_queue_size", stats["log_queue_size"], step=step)
+        restarts = [env.restarts for env in self._driver.environments if hasattr(env, "restarts")]
+        if restarts:
+            tf.summary.scalar("Env/restarts", sum(restarts), step=step)
+
+
+def _write_loss(loss_info, step):
+    """Learner/loss and each scalar of the agent's LossInfo.extra (Learner/<name>)."""
+    tf.summary.scalar("Learner/loss", loss_info.loss, step=step)
+    extra = loss_info.extra
+    if hasattr(extra, "_asdict"):
+        for name, value in extra._asdict().items():
+            if isinstance(value, (tf.Tensor, np.ndarray, float)) and np.ndim(value) == 0:
+                tf.summary.scalar(f"Learner/{name}", value, step=step)
+
+
+# -------------------------------------------------------------------- train
+
+
+TrainResult = collections.namedtuple("TrainResult", [
+    "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])
+TrainResult.__doc__ = """What `train()` did.
+
+global_step / env_steps / iterations: the totals at exit (resumed runs included).
+stopped_by: 'num_iterations', 'num_env_steps', 'stop_at_eval_return' or 'stop_event'.
+evaluations: [(seconds since the loop started, global step, env steps,
+    average return, average episode length)] of this run.
+solved_secs: seconds from the loop's start to the first evaluation whose
+    average return reached `stop_at_eval_return` (None if none did).
+"""
+
+
+class _Counters(tf.Module):
+    """The trainer's own checkpointed counters (the global step is the agent's)."""
+
+    def __init__(self):
+        super().__init__(name="trainer_counters")
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        # Env steps the learner dequeued (the EnvironmentSteps metric counts
+        # non-boundary steps as the LogThread sees them).
+        self.env_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="env_steps")
+
+
+def _check_args(**args):
+    """Fails before anything is built on a bad value, naming the binding."""
+    positive = ("num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
+                "unroll_length", "learn_queue_cap", "train_steps_per_iteration",
+                "sample_batch_size", "summary_interval", "checkpoint_interval",
+                "eval_interval")
+    for name in positive:
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
+    for name in ("num_iterations", "num_env_steps", "initial_collect_steps",
+                 "num_eval_episodes"):
+        value = args[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
+                                  value < 0):
+            raise ValueError(f"train.{name} must be None or an int >= 0, got {value!r}")
+    if args["num_iterations"] is None and args["num_env_steps"] is None:
+        raise ValueError("set train.num_iterations or train.num_env_steps (or both): "
+                         "otherwise training never stops")
+    for name in ("log_interval_secs",):
+        value = args[name]
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"train.{name} must be a number > 0, got {value!r}")
+    if args["stop_at_eval_return"] is not None and args["num_eval_episodes"] in (0, None):
+        raise ValueError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
+    if not callable(args["agent_fn"]):
+        raise ValueError(f"train.agent_fn must be callable, got {args['agent_fn']!r}")
+
+
+def _print_flush(line):
+    print(line, flush=True)
+
+
+def _crossed(before, after, interval):
+    return after // interval > before // interval
+
+
+@gin.configurable
+def train(root_dir,
+          env_name=gin.REQUIRED,
+          agent_fn=gin.REQUIRED,
+          suite="suite_gym",
+          make_env_f=suites.make_env_f,
+          replayer_fn=replayers.UniformReplayer,
+          num_envs=1,
+          env_batch_size=1,
+          num_actor_queues=1,
+          actor_queue_cap=1,
+          unroll_length=8,
+          learn_queue_cap=1,
+          num_iterations=None,
+          num_env_steps=None,
+          initial_collect_steps=0,
+          train_steps_per_iteration=1,
+          sample_batch_size=64,
+          num_eval_episodes=10,
+          eval_interval=1000,
+          stop_at_eval_return=None,
+          summary_interval=100,
+          checkpoint_interval=10000,
+          log_interval_secs=10.0,
+          seed=None,
+          stop_event=None,
+          print_fn=None):
+    """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
+
+    Args:
+        root_dir: where checkpoints, summaries and the operative config go.
+        env_name: the environment's name in `suite` ('CartPole-v0').
+        agent_fn: callable(time_step_spec, action_spec, train_step_counter)
+            -> TFAgent (`dqn_agent`, `sac_agent`, ...).
+        suite: the environment suite (see `suites.load`).
+        make_env_f: callable(suite, env_name, batch_size, seed) -> env_f, the
+            driver's environment factory.
+        replayer_fn: callable(data_spec, num_rows) -> replayer
+            (`replayers.UniformReplayer`, `replayers.OneTimeReplayer`).
+        num_envs: env threads of the driver (one environment each).
+        env_batch_size: environments batched in each env thread's environment.
+        num_actor_queues: actor threads.
+        actor_queue_cap: env threads per batched forward pass.
+        unroll_length: steps per unroll.
+        learn_queue_cap: unrolls per learner batch; one iteration brings
+            learn_queue_cap * env_batch_size * unroll_length env steps.
+        num_iterations: stop after this many iterations in total (None: no limit).
+        num_env_steps: stop once this many env steps were dequeued in total.
+        initial_collect_steps: env steps collected before training starts.
+        train_steps_per_iteration: agent.train calls per iteration.
+        sample_batch_size: windows per train step (uniform replayer).
+        num_eval_episodes: episodes per evaluation of the greedy policy
+            (0: no evaluation).
+        eval_interval: evaluate every this many train steps.
+        stop_at_eval_return: stop once an evaluation's average return is >= this.
+        summary_interval: write training summaries every this many train steps.
+        checkpoint_interval: checkpoint every this many train steps (and at exit).
+        log_interval_secs: seconds between progress lines.
+        seed: seeds TF's global generator and the environments (None: unseeded).
+        stop_event: a `threading.Event`; once set, the loop stops cleanly
+            (checkpoint written) at the end of the iteration.
+        print_fn: callable(str) for the progress lines (default: print to stdout,
+            flushed).
+
+    Returns:
+        A `TrainResult`.
+
+    Raises:
+        ValueError: a bad argument (before anything is built).
+        The first error of any driver thread, with its type, after every
+        thread was stopped.
+    """
+    _check_args(**{k: v for k, v in locals().items()})
+    print_fn = print_fn or _print_flush
+    root_dir = os.path.expanduser(root_dir)
+    train_dir = os.path.join(root_dir, "train")
+    eval_dir = os.path.join(root_dir, "eval")
+    if seed is not None:
+        tf.random.set_seed(seed)
+
+    # Environments and agent: the specs come from the evaluation environment.
+    eval_seed = None if seed is None else seed + 1000003
+    eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
+                           seed=eval_seed)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
+    agent.initialize()
+    env_f = make_env_f(suite, env_name, batch_size=env_batch_size, seed=seed)
+    replayer = replayer_fn(data_spec=agent.collect_data_spec,
+                           num_rows=num_envs * env_batch_size)
+    driver = AsyncOffPolicyDriver(
+        env_f, agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
+        unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
+        actor_queue_cap=actor_queue_cap, exp_observers=[replayer])
+    try:
+        counters = _Counters()
+        checkpointer = common.Checkpointer(
+            ckpt_dir=train_dir, max_to_keep=2, agent=agent, global_step=global_step,
+            counters=counters, replay_buffer=replayer,
+            metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"))
+        checkpointer.initialize_or_restore()
+        if checkpointer.checkpoint_exists:
+            print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
+                     f"global step {int(global_step)}, env steps {int(counters.env_steps)}, "
+                     f"iteration {int(counters.iterations)}")
+        loop = _Loop(
+            root_dir=root_dir, agent=agent, driver=driver, replayer=replayer,
+            checkpointer=checkpointer, counters=counters, global_step=global_step,
+            evaluator=Evaluator(eval_env, agent.policy) if num_eval_episodes else None,
+            train_writer=tf.summary.create_file_writer(train_dir),
+            eval_writer=tf.summary.create_file_writer(eval_dir),
+            num_iterations=num_iterations, num_env_steps=num_env_steps,
+            initial_collect_steps=initial_collect_steps or 0,
+            train_steps_per_iteration=train_steps_per_iteration,
+            sample_batch_size=sample_batch_size, eval_interval=eval_interval,
+            stop_at_eval_return=stop_at_eval_return, summary_interval=summary_interval,
+            checkpoint_interval=checkpoint_interval, log_interval_secs=log_interval_secs,
+            stop_event=stop_event, print_fn=print_fn)
+    except BaseException:
+        driver.stop()
+        eval_env.close()
+        raise
+    try:
+        return loop.run()
+    finally:
+        eval_env.close()
+
+
+class _Loop(object):
+    """The body of `train()` once everything is built (see `train` for the args)."""
+
+    def __init__(self, root_dir, agent, driver, replayer, checkpointer, counters, global_step,
+                 evaluator, train_writer, eval_writer, num_iterations, num_env_steps,
+                 initial_collect_steps, train_steps_per_iteration, sample_batch_size,
+                 eval_interval, stop_at_eval_return, summary_interval, checkpoint_interval,
+                 log_interval_secs, stop_event, print_fn):
+        self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
+        self._num_steps = agent.train_sequence_length
+        self._train_step = common.function(self._train_step_graph)
+        self._health = DriverHealth(driver)
+        self._evaluations = []
+        self._solved_secs = None
+        self._loss = None
+        self._config_written = False
+
+    def _train_step_graph(self):
+        # Sampling reads the replayer's variables: one graph call per train step.
+        experience = self.replayer.sample(self.sample_batch_size, self._num_steps)
+        return self.agent.train(experience)
+
+    def _should_stop(self):
+        if self.stop_event is not None and self.stop_event.is_set():
+            return "stop_event"
+        if (self.num_iterations is not None and
+                int(self.counters.iterations) >= self.num_iterations):
+            return "num_iterations"
+        if self.num_env_steps is not None and int(self.counters.env_steps) >= self.num_env_steps:
+            return "num_env_steps"
+        if self._solved_secs is not None:
+            return "stop_at_eval_return"
+        return None
+
+    def run(self):
+        self._start = time.monotonic()
+        self._last_log = (self._start, int(self.counters.env_steps), int(self.global_step))
+        self.driver.start()
+        stopped_by = None
+        try:
+            with tf.summary.record_if(
+                    lambda: tf.equal(self.global_step % self.summary_interval, 0)):
+                with self.train_writer.as_default():
+                    stopped_by = self._loop()
+        except DriverStoppedError:
+            if self.stop_event is None or not self.stop_event.is_set():
+                raise
+            stopped_by = "stop_event"
+        except BaseException:
+            # An error (or a second Ctrl-C): stop the threads, keep the last checkpoint.
+            self._stop_driver_after_error()
+            raise
+        self.driver.stop()  # raises a driver thread's error not raised yet
+        self._finish(stopped_by)
+        return TrainResult(int(self.global_step), int(self.counters.env_steps),
+                           int(self.counters.iterations), stopped_by, self._evaluations,
+                           self._solved_secs)
+
+    def _stop_driver_after_error(self):
+        try:
+            self.driver.stop()
+        except Exception:  # the error in flight is the one to report
+            logger.exception("stopping the driver after an error raised too")
+
+    def _loop(self):
+        while True:
+            stopped_by = self._should_stop()
+            if stopped_by is not None:
+                return stopped_by
+            steps = self.driver.run_async()
+            self.counters.iterations.assign_add(1)
+            self.counters.env_steps.assign_add(steps)
+            before = int(self.global_step)
+            if int(self.counters.env_steps) >= self.initial_collect_steps and \
+                    self.replayer.can_sample(self._num_steps or 1):
+                for _ in range(self.train_steps_per_iteration):
+                    self._loss = self._train_step()
+                if not self._config_written:
+                    self._write_operative_config()
+            after = int(self.global_step)
+            self._on_intervals(before, after)
+
+    def _on_intervals(self, before, after):
+        if after > before and _crossed(before, after, self.summary_interval):
+            self._write_summaries(after)
+        if after > before and self.evaluator is not None and _crossed(
+                before, after, self.eval_interval):
+            self._evaluate(after)
+        if after > before and _crossed(before, after, self.checkpoint_interval):
+            self.checkpointer.save(global_step=self.global_step)
+        now = time.monotonic()
+        if now - self._last_log[0] >= self.log_interval_secs:
+            self._print_progress(now)
+
+    def _write_summaries(self, step):
+        with tf.summary.record_if(True):
+            for metric in self.driver.get_metrics():
+                metric.tf_summaries(train_step=self.global_step,
+                                    step_metrics=self.driver.get_step_metrics())
+            if self._loss is not None:
+                _write_loss(self._loss, step)
+            self._health.write(step)
+
+    def _evaluate(self, step):
+        average_return, average_length = self.evaluator()
+        secs = time.monotonic() - self._start
+        env_steps = int(self.counters.env_steps)
+        self._evaluations.append((secs, step, env_steps, average_return, average_length))
+        with self.eval_writer.as_default(), tf.summary.record_if(True):
+            tf.summary.scalar("Metrics/AverageReturn", average_return, step=step)
+            tf.summary.scalar("Metrics/AverageEpisodeLength", average_length, step=step)
+            tf.summary.scalar("Metrics_vs_EnvironmentSteps/AverageReturn", average_return,
+                              step=env_steps)
+        self.print_fn(f"[alf_async] eval at train step {step} ({secs:.1f} s, {env_steps} env "
+                      f"steps): AverageReturn {average_return:.1f} over "
+                      f"{self.evaluator.num_episodes} episodes, AverageEpisodeLength "
+                      f"{average_length:.1f}")
+        if (self.stop_at_eval_return is not None and self._solved_secs is None and
+                average_return >= self.stop_at_eval_return):
+            self._solved_secs = secs
+
+    def _print_progress(self, now):
+        t0, env0, step0 = self._last_log
+        env_steps, step = int(self.counters.env_steps), int(self.global_step)
+        dt = max(now - t0, 1e-9)
+        average_return = float(self.driver.get_metrics()[2].result())
+        loss = "-" if self._loss is None else f"{float(self._loss.loss):.4g}"
+        self.print_fn(
+            f"[alf_async] iteration {int(self.counters.iterations)} | env steps {env_steps} "
+            f"({(env_steps - env0) / dt:.0f}/s) | train steps {step} ({(step - step0) / dt:.0f}/s)"
+            f" | AverageReturn {average_return:.1f} | loss {loss}")
+        self._last_log = (now, env_steps, step)
+
+    def _write_operative_config(self):
+        step = int(self.global_step)
+        path = os.path.join(self.root_dir, f"operative_config-{step}.gin")
+        tf.io.gfile.makedirs(self.root_dir)
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(gin.operative_config_str())
+        self._config_written = True
+
+    def _finish(self, stopped_by):
+        """After a clean stop (the driver is stopped): last summaries, checkpoint."""
+        step = int(self.global_step)
+        with self.train_writer.as_default():
+            self._write_summaries(step)
+        self.train_writer.flush()
+        self.eval_writer.flush()
+        if not self._config_written:
+            self._write_operative_config()
+        self.checkpointer.save(global_step=self.global_step)
+        self._print_progress(time.monotonic())
+        self.print_fn(f"[alf_async] stopped ({stopped_by}) at iteration "
+                      f"{int(self.counters.iterations)}, train step {step}, env steps "
+                      f"{int(self.counters.env_steps)}; checkpoint in "
+                      f"{self.checkpointer.manager.directory}")
