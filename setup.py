@@ -11,6 +11,8 @@ STACK = [
     "gin-config==0.5.0",
     "gym==0.23.0",
     "numpy<2",
+    # SubprocessEnv pickles env_fn with it (already a tf-agents dependency).
+    "cloudpickle>=1.3",
 ]
 
 setup(

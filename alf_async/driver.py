@@ -27,6 +27,7 @@ threads.
 import concurrent.futures
 import logging
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -265,11 +266,23 @@ class AsyncOffPolicyDriver(object):
             self._stopped = True
             self._coord.request_stop()
             self._queues.close_all()
+            envs_closed = False
             try:
                 if self._started:
-                    self._coord.join(self._threads, stop_grace_period_secs=self._grace)
+                    # Closed queues end every thread within a step; a thread
+                    # still alive after half the grace period is inside an
+                    # environment's own step, which closing the environment
+                    # interrupts (SubprocessEnv kills its child).
+                    deadline = time.monotonic() + self._grace / 2
+                    for t in self._threads:
+                        t.join(max(0.0, deadline - time.monotonic()))
+                    if any(t.is_alive() for t in self._env_threads):
+                        _close_envs(self._envs)
+                        envs_closed = True
+                    self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
-                _close_envs(self._envs)
+                if not envs_closed:
+                    _close_envs(self._envs)
                 logger.info("alf_async driver stopped")
 
     # ---------------------------------------------------------------- private

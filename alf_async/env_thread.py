@@ -96,17 +96,14 @@ class EnvThread(threading.Thread):
                 time_step = self._env.reset()
                 loop = tf.function(self._loop, autograph=False)
                 loop(tf.nest.flatten(time_step), tf.nest.flatten(self._initial_policy_state))
-            except QUEUE_CLOSED_ERRORS as e:
-                self._raise_env_error(e)
-                if not self._coord.should_stop():
-                    raise
-            except tf.errors.OpError as e:
-                self._raise_env_error(e)
+            except Exception as e:  # pylint: disable=broad-except
+                if self._coord.should_stop():
+                    return  # queues (or the env) closed by stop(): not an error
+                if self._env_error is not None and e is not self._env_error:
+                    # Raise the environment's own exception, not TF's wrapper of it.
+                    raise self._env_error.with_traceback(
+                        self._env_error.__traceback__) from None
                 raise
-
-    def _raise_env_error(self, op_error):
-        if self._env_error is not None:
-            raise self._env_error.with_traceback(self._env_error.__traceback__) from None
 
     # ------------------------------------------------------------------ graph
 

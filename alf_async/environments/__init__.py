@@ -1,1 +1,29 @@
-"""Environments the driver runs: every one reaches it as a tf-agents TFEnvironment."""
+"""Environments the driver runs: every one reaches it as a tf-agents TFEnvironment.
+
+Names are imported lazily: a SubprocessEnv child imports this package and
+should pay only for what it uses.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "BatchedGymEnv": "gym_batch",
+    "load_batched": "gym_batch",
+    "SubprocessEnv": "subprocess_env",
+    "BatchedSubprocessEnv": "subprocess_env",
+    "create_subprocess_envs": "subprocess_env",
+    "subprocess_env_f": "subprocess_env",
+    "current_env_index": "subprocess_env",
+    "SubprocessEnvError": "subprocess_env",
+    "SubprocessEnvCrashError": "subprocess_env",
+    "SubprocessEnvClosedError": "subprocess_env",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
