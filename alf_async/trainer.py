@@ -259,6 +259,10 @@ class _Counters(tf.Module):
         self.env_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="env_steps")
 
 
+class ConfigError(ValueError):
+    """A bad `train()` argument, found before anything is built."""
+
+
 def _check_args(**args):
     """Fails before anything is built on a bad value, naming the binding."""
     positive = ("num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
@@ -268,24 +272,24 @@ def _check_args(**args):
     for name in positive:
         value = args[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
+            raise ConfigError(f"train.{name} must be an int >= 1, got {value!r}")
     for name in ("num_iterations", "num_env_steps", "initial_collect_steps",
                  "num_eval_episodes"):
         value = args[name]
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
                                   value < 0):
-            raise ValueError(f"train.{name} must be None or an int >= 0, got {value!r}")
+            raise ConfigError(f"train.{name} must be None or an int >= 0, got {value!r}")
     if args["num_iterations"] is None and args["num_env_steps"] is None:
-        raise ValueError("set train.num_iterations or train.num_env_steps (or both): "
+        raise ConfigError("set train.num_iterations or train.num_env_steps (or both): "
                          "otherwise training never stops")
     for name in ("log_interval_secs",):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"train.{name} must be a number > 0, got {value!r}")
+            raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
     if args["stop_at_eval_return"] is not None and args["num_eval_episodes"] in (0, None):
-        raise ValueError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
+        raise ConfigError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
     if not callable(args["agent_fn"]):
-        raise ValueError(f"train.agent_fn must be callable, got {args['agent_fn']!r}")
+        raise ConfigError(f"train.agent_fn must be callable, got {args['agent_fn']!r}")
 
 
 def _print_flush(line):
@@ -364,7 +368,7 @@ def train(root_dir,
         A `TrainResult`.
 
     Raises:
-        ValueError: a bad argument (before anything is built).
+        ConfigError: a bad argument (before anything is built).
         The first error of any driver thread, with its type, after every
         thread was stopped.
     """
@@ -373,30 +377,16 @@ def train(root_dir,
     root_dir = os.path.expanduser(root_dir)
     train_dir = os.path.join(root_dir, "train")
     eval_dir = os.path.join(root_dir, "eval")
-    if seed is not None:
-        tf.random.set_seed(seed)
-
-    # Environments and agent: the specs come from the evaluation environment.
-    eval_seed = None if seed is None else seed + 1000003
-    eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
-                           seed=eval_seed)
-    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
-    agent.initialize()
-    env_f = make_env_f(suite, env_name, batch_size=env_batch_size, seed=seed)
-    replayer = replayer_fn(data_spec=agent.collect_data_spec,
-                           num_rows=num_envs * env_batch_size)
-    driver = AsyncOffPolicyDriver(
-        env_f, agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
-        unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
-        actor_queue_cap=actor_queue_cap, exp_observers=[replayer])
     try:
-        counters = _Counters()
-        checkpointer = common.Checkpointer(
-            ckpt_dir=train_dir, max_to_keep=2, agent=agent, global_step=global_step,
-            counters=counters, replay_buffer=replayer,
-            metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"))
-        checkpointer.initialize_or_restore()
+        built = _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_envs,
+                       env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
+                       learn_queue_cap, num_eval_episodes, seed)
+    except (ValueError, TypeError) as e:
+        # Nothing has started yet: a bad name, spec or queue configuration.
+        raise ConfigError(" | ".join(
+            line.strip() for line in str(e).splitlines() if line.strip())) from e
+    agent, driver, replayer, eval_env, checkpointer, counters, global_step = built
+    try:
         if checkpointer.checkpoint_exists:
             print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
                      f"global step {int(global_step)}, env steps {int(counters.env_steps)}, "
@@ -422,6 +412,44 @@ def train(root_dir,
         return loop.run()
     finally:
         eval_env.close()
+
+
+def _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_envs,
+           env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
+           num_eval_episodes, seed):
+    """Environments, agent, replayer, driver (not started) and the restored checkpoint."""
+    if seed is not None:
+        tf.random.set_seed(seed)
+    # The specs come from the evaluation environment.
+    eval_seed = None if seed is None else seed + 1000003
+    eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
+                           seed=eval_seed)
+    try:
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
+        agent.initialize()
+        env_f = make_env_f(suite, env_name, batch_size=env_batch_size, seed=seed)
+        replayer = replayer_fn(data_spec=agent.collect_data_spec,
+                               num_rows=num_envs * env_batch_size)
+        driver = AsyncOffPolicyDriver(
+            env_f, agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
+            unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
+            actor_queue_cap=actor_queue_cap, exp_observers=[replayer])
+    except BaseException:
+        eval_env.close()
+        raise
+    try:
+        counters = _Counters()
+        checkpointer = common.Checkpointer(
+            ckpt_dir=os.path.join(root_dir, "train"), max_to_keep=2, agent=agent,
+            global_step=global_step, counters=counters, replay_buffer=replayer,
+            metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"))
+        checkpointer.initialize_or_restore()
+    except BaseException:
+        driver.stop()
+        eval_env.close()
+        raise
+    return agent, driver, replayer, eval_env, checkpointer, counters, global_step
 
 
 class _Loop(object):
