@@ -15,6 +15,8 @@ STACK = [
     "cloudpickle>=1.3",
 ]
 
+GYMNASIUM = "gymnasium==1.3.0"
+
 setup(
     name="alf_async",
     version="0.1.0",
@@ -23,7 +25,10 @@ setup(
     python_requires=">=3.10,<3.12",
     install_requires=STACK,
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        # gymnasium 1.3.0 is the newest release that installs beside
+        # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).
+        "gymnasium": [GYMNASIUM],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", GYMNASIUM],
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main"],
