@@ -60,3 +60,21 @@ def test_mismatched_spaces_and_dict_observations_are_refused():
         BatchedGymEnv([gym.make("CartPole-v0"), gym.make("Pendulum-v1")])
     with pytest.raises(ValueError, match="at least one"):
         BatchedGymEnv([])
+
+
+def test_gymnasium_envs_step_with_the_same_semantics():
+    import gymnasium
+    from alf_async.environments import suite_gymnasium
+    env = BatchedGymEnv([gymnasium.make("CartPole-v1", max_episode_steps=3) for _ in range(2)],
+                        seed=5)
+    ref = suite_gymnasium.load("CartPole-v1", max_episode_steps=3, seed=6)
+    assert env.observation_spec() == ref.observation_spec()
+    assert env.action_spec() == ref.action_spec()
+    first, ref_first = env.reset(), ref.reset()
+    np.testing.assert_allclose(first.observation[1], ref_first.observation)
+    for _ in range(4):
+        step, ref_step = env.step(np.array([1, 1])), ref.step(np.int64(1))
+        assert step.step_type[1] == ref_step.step_type
+        assert step.discount[1] == ref_step.discount
+        np.testing.assert_allclose(step.observation[1], ref_step.observation)
+    assert step.step_type[1] == FIRST  # truncated at 3 (discount 1), then auto-reset

@@ -1,4 +1,5 @@
-"""BatchedGymEnv: B gym environments stepped in one loop, as one batched PyEnvironment.
+"""BatchedGymEnv: B gym (or gymnasium) environments stepped in one loop, as one
+batched PyEnvironment.
 
 Why our own instead of tf-agents' `BatchedPyEnvironment` over `suite_gym`
 environments: each of those steps goes through GymWrapper, TimeLimit,
@@ -12,8 +13,12 @@ measures both). This class keeps tf-agents' semantics exactly:
 - per-environment auto-reset: the step after a LAST returns the FIRST of a
   new episode (reward 0, discount 1) and ignores that row's action;
 - a terminal step has discount 0; a step ended by the time limit (gym's
-  TimeLimit, `info["TimeLimit.truncated"]`) is LAST with discount 1, as
-  with tf-agents' TimeLimit wrapper.
+  TimeLimit, `info["TimeLimit.truncated"]`; gymnasium's `truncated`) is LAST
+  with discount 1, as with tf-agents' TimeLimit wrapper.
+
+gymnasium environments (the 5-tuple step API, `reset()` returning
+(obs, info)) are recognised and stepped with the same semantics; their specs
+come from `suite_gymnasium.spec_from_space`.
 """
 
 import gym
@@ -39,13 +44,17 @@ class BatchedGymEnv(py_environment.PyEnvironment):
 
     def __init__(self, envs, seed=None, discount=1.0):
         super().__init__(handle_auto_reset=False)
-        self._envs = [e() if callable(e) and not isinstance(e, gym.Env) else e for e in envs]
+        self._envs = [e() if callable(e) and not hasattr(e, "step") else e for e in envs]
         if not self._envs:
             raise ValueError("BatchedGymEnv needs at least one environment")
         first = self._envs[0]
-        self._observation_spec = gym_wrapper.spec_from_gym_space(
-            first.observation_space, name="observation")
-        self._action_spec = gym_wrapper.spec_from_gym_space(first.action_space, name="action")
+        self._gymnasium = _is_gymnasium(first)
+        if self._gymnasium:
+            from alf_async.environments.suite_gymnasium import spec_from_space
+        else:
+            spec_from_space = gym_wrapper.spec_from_gym_space
+        self._observation_spec = spec_from_space(first.observation_space, name="observation")
+        self._action_spec = spec_from_space(first.action_space, name="action")
         for i, env in enumerate(self._envs[1:], start=1):
             if (env.observation_space != first.observation_space or
                     env.action_space != first.action_space):
@@ -89,9 +98,9 @@ class BatchedGymEnv(py_environment.PyEnvironment):
                            np.ones(B, np.float32), obs)
 
     def _reset_env(self, i, env):
-        if self._seed is not None and not self._seeded:
-            return env.reset(seed=self._seed + i)
-        return env.reset()
+        seed = self._seed + i if self._seed is not None and not self._seeded else None
+        out = env.reset(seed=seed) if seed is not None else env.reset()
+        return out[0] if self._gymnasium else out
 
     def _step(self, action):
         B = len(self._envs)
@@ -103,18 +112,24 @@ class BatchedGymEnv(py_environment.PyEnvironment):
         scalar = self._scalar_action
         for i, env in enumerate(self._envs):
             if done[i]:
-                obs[i] = env.reset()
+                obs[i] = env.reset()[0] if self._gymnasium else env.reset()
                 step_type[i] = FIRST
                 discount[i] = 1.0
                 done[i] = False
                 continue
-            o, r, d, info = env.step(action[i].item() if scalar else action[i])
+            if self._gymnasium:
+                o, r, terminated, truncated, _ = env.step(
+                    action[i].item() if scalar else action[i])
+            else:
+                o, r, d, info = env.step(action[i].item() if scalar else action[i])
+                truncated = d and info.get("TimeLimit.truncated", False)
+                terminated = d and not truncated
             obs[i] = o
             reward[i] = r
-            if d:
+            if terminated or truncated:
                 done[i] = True
                 step_type[i] = LAST
-                discount[i] = self._discount if info.get("TimeLimit.truncated") else 0.0
+                discount[i] = 0.0 if terminated else self._discount
             else:
                 step_type[i] = MID
                 discount[i] = self._discount
@@ -123,6 +138,14 @@ class BatchedGymEnv(py_environment.PyEnvironment):
     def close(self):
         for env in self._envs:
             env.close()
+
+
+def _is_gymnasium(env):
+    try:
+        import gymnasium
+    except ImportError:
+        return False
+    return isinstance(env, gymnasium.Env)
 
 
 def load_batched(name, batch_size, seed=None, max_episode_steps=None):
