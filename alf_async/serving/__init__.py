@@ -1,0 +1,27 @@
+"""Policy serving: an HTTP server that is an ExternalEnv, and its client.
+
+- `PolicyServerEnv` (server.py): an ExternalEnv whose run() serves the
+  episode methods as JSON over HTTP (and, for local inference, the policy).
+- `PolicyClient` (client.py): the same five methods, remote or local
+  inference. Importing it does not import TensorFlow.
+- protocol.py: the JSON wire format both share, and the client's exceptions.
+
+Names are imported lazily, so that a remote client pays only for the client.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "PolicyServerEnv": "server",
+    "PolicyClient": "client",
+    "PolicyServerError": "protocol",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,255 @@
+"""PolicyServerEnv + PolicyClient on loopback: remote and local inference, every
+refused request (the server keeps serving), a vanished client, stop while blocked."""
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+
+from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.serving import PolicyClient, PolicyServerEnv, protocol
+from test_external_env import (ACTION_SPEC, OBS_SPEC, ObsPolicy, no_external_env_threads_left,
+                               numpy, policy_action)
+
+pytestmark = pytest.mark.timeout(60)
+_ = no_external_env_threads_left   # autouse: no server or connection thread left
+
+
+class Served(object):
+    """A PolicyServerEnv, its driver, and a learner thread taking every batch."""
+
+    def __init__(self, num_envs=1, unroll_length=4, learn=True, export=False, **server_kwargs):
+        self.server = PolicyServerEnv(ACTION_SPEC, OBS_SPEC, **server_kwargs)
+        self.policy = ObsPolicy(self.server.time_step_spec(), self.server.action_spec())
+        if export:   # a second server: the export needs the policy first
+            self.server.close()
+            self.server = PolicyServerEnv(ACTION_SPEC, OBS_SPEC, policy=self.policy,
+                                          **server_kwargs)
+        self.batches = []
+        self.filter = self.server.experience_filter(
+            observers=[lambda exp, ids: self.batches.append(numpy(exp))])
+        self.driver = AsyncOffPolicyDriver(
+            self.server.tf_env_factory(), self.policy, num_envs=num_envs,
+            unroll_length=unroll_length, exp_observers=[self.filter],
+            stop_grace_period_secs=1.0)
+        self.filter.bind(self.driver)
+        self.driver.start()
+        self.learner = threading.Thread(target=self._learn, name="learner", daemon=True)
+        if learn:
+            self.learner.start()
+
+    def _learn(self):
+        try:
+            while True:
+                self.driver.run_async()
+        except DriverStoppedError:
+            pass
+
+    def stop(self):
+        self.driver.stop()
+        if self.learner.is_alive():
+            self.learner.join(5)
+        self.server.close()
+
+
+@pytest.fixture
+def served(request):
+    kwargs = getattr(request, "param", {})
+    s = Served(**kwargs)
+    yield s
+    s.stop()
+
+
+def raw(address, method, path, body=None, headers=None, content_length=True):
+    parts = urllib.parse.urlsplit(address)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        if content_length:
+            conn.request(method, path, body=body, headers=headers or {})
+        else:
+            conn.putrequest(method, path)
+            conn.endheaders()
+        response = conn.getresponse()
+        data = response.read()
+    finally:
+        conn.close()
+    return response.status, json.loads(data) if data else None
+
+
+def play(client, k, steps=3, get=True):
+    eid = client.start_episode()
+    actions = []
+    for s in range(steps):
+        if get:
+            actions.append(client.get_action(eid, [k, s]))
+        client.log_returns(eid, 1.0)
+    client.end_episode(eid, [k, steps])
+    return actions
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=2, token="s3cret", max_body_bytes=4096)],
+                         indirect=True)
+def test_remote_clients_play_at_once_and_every_bad_request_gets_a_4xx(served):
+    address = served.server.address
+    assert address.startswith("http://127.0.0.1:")
+    results = {}
+
+    def client_thread(k):
+        with PolicyClient(address, token="s3cret") as client:
+            results[k] = [play(client, k) for _ in range(2)]
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {k: [[policy_action(k, s) for s in range(3)]] * 2 for k in (1, 2)}
+
+    good = PolicyClient(address, token="s3cret")
+    eid = good.start_episode("still-serving")
+    auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+
+    def still_serving(s):
+        assert good.get_action(eid, [5, s]) == policy_action(5, s)
+
+    # 401 without or with a wrong token.
+    for token in (None, "wrong"):
+        with pytest.raises(protocol.UnauthorizedError, match="Bearer") as info:
+            PolicyClient(address, token=token).start_episode()
+        assert info.value.status == 401 and isinstance(info.value, PermissionError)
+    still_serving(0)
+    # Malformed JSON, unknown command, bad arguments: 400 with a JSON error.
+    cases = [
+        (b"{not json", "BadRequest", "malformed JSON body"),
+        (b"[1, 2]", "BadRequest", "a command must be a JSON object"),
+        (b'{"command": "rm -rf"}', "BadRequest", "unknown command 'rm -rf'"),
+        (b'{"command": "get_action", "episode_id": "x"}', "BadRequest",
+         "get_action: missing arguments ['observation']"),
+        (b'{"command": "log_returns", "episode_id": "x", "reward": "1"}', "BadRequest",
+         "log_returns: reward must be a number"),
+        (b'{"command": "get_action", "episode_id": "x", "observation": [NaN, 1]}',
+         "BadRequest", "malformed JSON body: NaN is not allowed"),
+        (json.dumps({"command": "get_action", "episode_id": eid,
+                     "observation": [1, 2, 3]}).encode(), "ValueError",
+         "observation: expected shape (2,), got (3,)"),
+        (json.dumps({"command": "log_action", "episode_id": eid, "observation": [1, 2],
+                     "action": 5000}).encode(), "ValueError",
+         "action: out of bounds: expected values in [0, 999], got 5000"),
+        (json.dumps({"command": "get_action", "episode_id": "nope",
+                     "observation": [1, 2]}).encode(), "ValueError",
+         "episode 'nope' is unknown"),
+    ]
+    for body, type_name, message in cases:
+        status, error = raw(address, "POST", protocol.COMMAND_PATH, body, auth)
+        assert status == 400, body
+        assert error["error"]["type"] == type_name and error["error"]["message"].startswith(
+            message), error
+    still_serving(1)
+    # Oversized body (413), no Content-Length (411), unknown path (404).
+    status, error = raw(address, "POST", protocol.COMMAND_PATH, b" " * 5000, auth)
+    assert status == 413 and "5000 bytes is over the server's limit of 4096" in str(error)
+    status, error = raw(address, "POST", protocol.COMMAND_PATH, content_length=False)
+    assert status == 411 and error["error"]["type"] == "LengthRequired"
+    status, error = raw(address, "POST", "/admin", b"{}", auth)
+    assert status == 404
+    still_serving(2)
+    # The client raises what the local ExternalEnv would.
+    with pytest.raises(ValueError, match=r"observation: expected shape \(2,\), got \(3,\)"):
+        good.get_action(eid, [1, 2, 3])
+    with pytest.raises(protocol.ServerValueError, match="episode 'nope' is unknown"):
+        good.log_returns("nope", 1.0)
+    with pytest.raises(protocol.BadRequestError, match="unknown command 'bogus'"):
+        good.call("bogus")
+    still_serving(3)
+    good.end_episode(eid, [5, 4])
+    with pytest.raises(ValueError, match="'still-serving' has already finished"):
+        good.get_action(eid, [5, 5])
+    good.close()
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=1, episode_idle_timeout=0.5)],
+                         indirect=True)
+def test_a_vanished_clients_episode_is_closed_after_the_idle_timeout(served):
+    vanished, other = PolicyClient(served.server.address), PolicyClient(served.server.address)
+    gone = vanished.start_episode("gone")
+    assert vanished.get_action(gone, [1, 0]) == policy_action(1, 0)
+    # The only slot holds "gone": the other episode waits until it is closed.
+    waiting = other.start_episode("waiting")
+    start = time.monotonic()
+    assert other.get_action(waiting, [2, 0]) == policy_action(2, 0)
+    assert 0.3 < time.monotonic() - start < 5
+    other.end_episode(waiting, [2, 1])
+    with pytest.raises(protocol.ServerValueError,
+                       match=r"episode 'gone' has already finished \(no call for 0.5 s "
+                             r"\(episode_idle_timeout\)\)"):
+        vanished.get_action(gone, [1, 1])
+    vanished.close()
+    other.close()
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=1, learn=False)], indirect=True)
+def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(served):
+    # unroll_length 4 and nobody learning: the slot stalls after two unrolls.
+    client = PolicyClient(served.server.address)
+    eid = client.start_episode()
+    caught, done = [], []
+
+    def blocked():
+        try:
+            for s in range(100):
+                client.get_action(eid, [1, s])
+                done.append(s)
+        except Exception as e:  # pylint: disable=broad-except
+            caught.append((e, time.monotonic()))
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    deadline = time.monotonic() + 20
+    while len(done) < 8 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert len(done) == 8 and not caught
+    served.driver.stop()
+    stopped = time.monotonic()
+    t.join(5)
+    assert caught and isinstance(caught[0][0], protocol.ServerStoppedError)
+    assert caught[0][0].status == 503 and caught[0][1] - stopped < 1.0
+    served.server.join(5)
+    assert not served.server.is_alive()
+    with pytest.raises(ConnectionError):
+        PolicyClient(served.server.address, timeout=2).start_episode()
+    client.close()
+
+
+def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
+    served = Served(num_envs=1, export=True, weights_refresh_secs=0.0)
+    try:
+        client = PolicyClient(served.server.address, inference_mode="local",
+                              update_interval=0.0, report_max_events=1000,
+                              report_interval=60.0)
+        first = [int(a) for a in play(client, 1)]
+        assert first == [policy_action(1, s) for s in range(3)]
+        served.policy.offset.assign(5)     # the learner changes the policy
+        second = [int(a) for a in play(client, 2)]
+        assert second == [policy_action(2, s, offset=5) for s in range(3)]
+        assert client._local.policy_updates == 2
+        assert not served.batches          # nothing reported yet: one batch at flush
+        client.flush()
+        deadline = time.monotonic() + 20
+        while not served.batches and time.monotonic() < deadline:
+            time.sleep(0.02)
+        exp = served.batches[0]
+        np.testing.assert_array_equal(exp.observation[0], [[1, 0], [1, 1], [1, 2], [1, 3]])
+        # The learner sees the client's actions (offset 0), not the server
+        # policy's (offset 5 by the time the steps arrived).
+        np.testing.assert_array_equal(exp.action[0, :3], first)
+        assert served.filter.actions_replaced >= 3
+        with pytest.raises(ValueError, match="'nope' is unknown"):
+            client.get_action("nope", [1, 1])
+        client.close()
+    finally:
+        served.stop()
