@@ -1,0 +1,229 @@
+"""OfflineEnv: logged episodes fed to the driver as off-policy experience.
+
+Log format: JSON lines, one step per line, episodes possibly interleaved:
+
+    {"episode_id": "e17", "observation": [...], "action": 1, "reward": 1.0, "done": false}
+    {"episode_id": "e17", "observation": [...], "action": 0, "reward": 1.0, "done": true,
+     "next_observation": [...]}
+
+A line says: in `observation` the logger took `action` and then received
+`reward`; `done` means the episode terminated after that step.
+`next_observation` (optional, read on done lines) is the terminal
+observation; without it the last observation is repeated (harmless: a
+terminal step's value is never bootstrapped). An episode whose lines end
+without `done` (a log cut short, or a time limit) is abandoned: its steps are
+used, but its last transition, whose outcome is unknown, is kept from the
+learner (`ExternalEnv.abandon_episode`).
+
+`OfflineEnv(paths, action_spec, observation_spec)` reads the files in
+`run()` and feeds each episode with `log_action` / `log_returns` /
+`end_episode`; with its ExperienceFilter the learner trains on the logged
+actions. After `num_epochs` passes over the logs `run()` returns and the
+driver ends with `ExternalEnvFinished` once the last episode is in (the
+learner's `run_async()` raises it; `None` epochs: forever). An episode's id is
+its logged id (plus "#<epoch>" after the first pass).
+
+`EpisodeLogWriter` writes such logs.
+
+Threads: `run()` (the ExternalEnv thread) reads the logs and queues whole
+episodes; `num_workers` daemon threads ("offline_feeder_<i>") feed one
+episode each at a time, so that `num_workers` slots (the driver's num_envs)
+are busy at once. A malformed line or a step that does not match the specs
+raises in `run()` (naming file and line), which stops the driver and raises
+it in the learner. On stop the workers' calls raise and they end; `run()`
+joins them.
+"""
+
+import json
+import logging
+import queue
+import threading
+
+from alf_async.environments.external_env import ExternalEnv, ExternalEnvStoppedError
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECS = 0.2
+
+
+class LogFormatError(ValueError):
+    """A log line that is not a step of the documented format."""
+
+
+class EpisodeLogWriter(object):
+    """Writes steps as JSON lines (the OfflineEnv format). Not thread-safe."""
+
+    def __init__(self, path):
+        self._file = open(path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+
+    def write_step(self, episode_id, observation, action, reward, done,
+                   next_observation=None):
+        step = {"episode_id": str(episode_id), "observation": _plain(observation),
+                "action": _plain(action), "reward": float(reward), "done": bool(done)}
+        if next_observation is not None:
+            step["next_observation"] = _plain(next_observation)
+        self._file.write(json.dumps(step, allow_nan=False) + "\n")
+
+    def close(self):
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def read_episodes(paths):
+    """Yields (episode_id, steps, terminated) per logged episode, in completion order.
+
+    `steps` is a list of (where, step dict); `where` is "file:line". Episodes
+    still open at the end of the last file come last, with terminated False.
+
+    Raises:
+        LogFormatError: a line that is not a JSON step object.
+    """
+    open_episodes = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                step = _parse_step(line, where)
+                steps = open_episodes.setdefault(step["episode_id"], [])
+                steps.append((where, step))
+                if step["done"]:
+                    yield step["episode_id"], open_episodes.pop(step["episode_id"]), True
+    for episode_id, steps in open_episodes.items():
+        yield episode_id, steps, False
+
+
+def _parse_step(line, where):
+    try:
+        step = json.loads(line, parse_constant=_refuse)
+    except ValueError as e:
+        raise LogFormatError(f"{where}: not a JSON object: {e}") from None
+    if not isinstance(step, dict):
+        raise LogFormatError(f"{where}: expected a JSON object, got {type(step).__name__}")
+    missing = [k for k in ("episode_id", "observation", "action", "reward", "done")
+               if k not in step]
+    if missing:
+        raise LogFormatError(f"{where}: missing fields {missing}")
+    if not isinstance(step["episode_id"], (str, int)) or isinstance(step["episode_id"], bool):
+        raise LogFormatError(f"{where}: episode_id must be a string or an integer")
+    step["episode_id"] = str(step["episode_id"])
+    if not isinstance(step["done"], bool):
+        raise LogFormatError(f"{where}: done must be true or false")
+    if isinstance(step["reward"], bool) or not isinstance(step["reward"], (int, float)):
+        raise LogFormatError(f"{where}: reward must be a number")
+    return step
+
+
+def _refuse(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+class OfflineEnv(ExternalEnv):
+    """An ExternalEnv whose run() replays logged episodes (see the module docstring)."""
+
+    def __init__(self, paths, action_spec, observation_spec, num_epochs=1, num_workers=4,
+                 name="offline_env", **external_env_kwargs):
+        """
+        Args:
+            paths: log files (JSON lines), read in order.
+            action_spec, observation_spec: array spec nests (or gym spaces).
+            num_epochs: passes over the logs; None: forever.
+            num_workers: episodes fed at once; match the driver's num_envs.
+            name: the ExternalEnv thread's name.
+            **external_env_kwargs: more ExternalEnv arguments.
+        """
+        external_env_kwargs.setdefault("max_concurrent", max(num_workers, 1))
+        super().__init__(action_spec, observation_spec, name=name, **external_env_kwargs)
+        if isinstance(paths, str):
+            paths = [paths]
+        self._paths = list(paths)
+        self._num_epochs = num_epochs
+        self._num_workers = int(num_workers)
+        self._episodes_queue = queue.Queue(maxsize=2 * self._num_workers)
+        self._worker_error = None
+        self.episodes_fed = 0
+        self.steps_fed = 0
+        self._count_lock = threading.Lock()
+
+    def run(self):
+        workers = [threading.Thread(target=self._work, name=f"offline_feeder_{i}",
+                                    daemon=True) for i in range(self._num_workers)]
+        for w in workers:
+            w.start()
+        try:
+            epoch = 0
+            while self._num_epochs is None or epoch < self._num_epochs:
+                for episode_id, steps, terminated in read_episodes(self._paths):
+                    name = episode_id if epoch == 0 else f"{episode_id}#{epoch}"
+                    if not self._put((name, steps, terminated)):
+                        return
+                epoch += 1
+        finally:
+            for _ in workers:
+                self._put(None)
+            for w in workers:   # they end at their sentinel, on stop or on an error
+                while w.is_alive():
+                    w.join(_POLL_SECS)
+            if self._worker_error is not None and not self.stopped:
+                raise self._worker_error
+
+    def _put(self, item):
+        """Queues an item for the workers; False once stopped or a worker failed."""
+        while not self.stopped and self._worker_error is None:
+            try:
+                self._episodes_queue.put(item, timeout=_POLL_SECS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self):
+        while not self.stopped and self._worker_error is None:
+            try:
+                item = self._episodes_queue.get(timeout=_POLL_SECS)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            try:
+                self._feed(*item)
+            except ExternalEnvStoppedError:
+                return
+            except Exception as e:  # pylint: disable=broad-except
+                if self._worker_error is None:
+                    self._worker_error = e
+                return
+
+    def _feed(self, episode_id, steps, terminated):
+        self.start_episode(episode_id)
+        for where, step in steps:
+            try:
+                self.log_action(episode_id, step["observation"], step["action"])
+                self.log_returns(episode_id, step["reward"])
+            except ValueError as e:
+                raise LogFormatError(f"{where}: {e}") from None
+        where, last = steps[-1]
+        try:
+            if terminated:
+                self.end_episode(episode_id, last.get("next_observation", last["observation"]))
+            else:
+                self.abandon_episode(episode_id)
+        except ValueError as e:
+            raise LogFormatError(f"{where}: {e}") from None
+        with self._count_lock:
+            self.episodes_fed += 1
+            self.steps_fed += len(steps)

@@ -1,0 +1,108 @@
+"""OfflineEnv: logged episodes reach the learner with their logged actions, exactly."""
+
+import numpy as np
+import pytest
+
+from alf_async.environments.external_env import ExternalEnvFinished
+from alf_async.environments.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
+                                            read_episodes)
+from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_until_finished, make_driver,
+                               no_external_env_threads_left, policy_action)
+
+pytestmark = pytest.mark.timeout(60)
+_ = no_external_env_threads_left   # autouse: no feeder or env thread left
+
+A, B, C = 1, 2, 3   # observation[0] of each logged episode
+
+
+def logged_action(e, s):
+    return 500 + 10 * e + s
+
+
+def write_log(path):
+    """Episodes A and B interleaved and terminated (terminal observation [e, 9]);
+    C cut short after 3 steps (no done)."""
+    with EpisodeLogWriter(path) as log:
+        for s in range(3):
+            for e in (A, B):
+                log.write_step(f"ep{e}", np.array([e, s], np.int32), logged_action(e, s),
+                               reward=0.25 * (s + 1), done=s == 2,
+                               next_observation=[e, 9] if s == 2 else None)
+        for s in range(3):
+            log.write_step(f"ep{C}", [C, s], logged_action(C, s), reward=1.0, done=False)
+
+
+def test_read_episodes_groups_interleaved_lines_in_completion_order(tmp_path):
+    path = str(tmp_path / "log.jsonl")
+    write_log(path)
+    episodes = [(eid, len(steps), terminated) for eid, steps, terminated in
+                read_episodes([path])]
+    assert episodes == [("ep1", 3, True), ("ep2", 3, True), ("ep3", 3, False)]
+    _, steps, _ = next(read_episodes([path]))
+    assert [where.rsplit(":", 1)[1] for where, _ in steps] == ["1", "3", "5"]
+
+
+def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
+    path = str(tmp_path / "log.jsonl")
+    write_log(path)
+    ext = OfflineEnv([path], ACTION_SPEC, OBS_SPEC, num_epochs=2, num_workers=1)
+    learner_filter = ext.experience_filter()
+    driver = make_driver(ext)
+    learner_filter.bind(driver)
+    driver.start()
+    try:
+        raw, filtered = learn_until_finished(driver, learner_filter)
+    finally:
+        driver.stop()
+        ext.join(5)
+    # 2 epochs x 3 episodes of 4 transitions each; the last one's boundary never comes.
+    assert len(filtered) == 5
+    assert (ext.episodes_fed, ext.steps_fed) == (6, 18)
+    for k, exp in enumerate(filtered):
+        e = (A, B, C)[k % 3]
+        if e != C:
+            np.testing.assert_array_equal(exp.observation[0], [[e, 0], [e, 1], [e, 2], [e, 9]])
+            np.testing.assert_array_equal(exp.step_type[0], [0, 1, 1, 2])
+            np.testing.assert_array_equal(exp.reward[0], [0.25, 0.5, 0.75, 0])
+            np.testing.assert_array_equal(exp.discount[0], [1, 1, 0, 1])
+            # Logged actions; the policy's only on the boundary, which no loss uses.
+            np.testing.assert_array_equal(
+                exp.action[0], [logged_action(e, 0), logged_action(e, 1),
+                                logged_action(e, 2), policy_action(e, 9)])
+        else:
+            # Cut short: its last transition (outcome unknown) and the made-up
+            # end are inert boundaries.
+            np.testing.assert_array_equal(exp.observation[0], [[C, 0], [C, 1], [0, 0], [0, 0]])
+            np.testing.assert_array_equal(exp.step_type[0], [0, 1, 2, 2])
+            np.testing.assert_array_equal(exp.next_step_type[0], [1, 1, 0, 0])
+            np.testing.assert_array_equal(exp.action[0, :2], [logged_action(C, 0),
+                                                              logged_action(C, 1)])
+        # What the driver recorded itself: the policy's actions.
+        np.testing.assert_array_equal(raw[k].action[0],
+                                      [policy_action(*o) for o in raw[k].observation[0]])
+    metrics = [m.result().numpy() for m in driver.get_metrics()]
+    assert metrics[:2] == [5, 15]   # C ends as a truncation, counted like any episode
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json\n", r"log\.jsonl:2: not a JSON object"),
+    ('{"episode_id": "x", "observation": [1], "action": 1, "reward": 0, "done": true}\n',
+     r"log\.jsonl:2: observation: expected shape \(2,\), got \(1,\)"),
+    ('{"episode_id": "x", "observation": [1, 1], "action": 1, "reward": 0}\n',
+     r"log\.jsonl:2: missing fields \['done'\]"),
+])
+def test_a_bad_log_line_stops_the_driver_naming_file_and_line(tmp_path, bad_line, message):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"episode_id": "ok", "observation": [1, 1], "action": 1, "reward": 0, '
+                    '"done": true}\n' + bad_line)
+    ext = OfflineEnv([str(path)], ACTION_SPEC, OBS_SPEC, num_workers=1)
+    driver = make_driver(ext)
+    driver.start()
+    try:
+        with pytest.raises(LogFormatError, match=message):
+            for _ in range(10):
+                driver.get_training_exps()
+    finally:
+        driver.stop()
+        ext.join(5)
+    assert not isinstance(LogFormatError("x"), ExternalEnvFinished)
