@@ -16,6 +16,10 @@ STACK = [
 ]
 
 GYMNASIUM = "gymnasium==1.3.0"
+# Ray core only: ray[default] (dashboard) needs pydantic with typing-extensions
+# >= 4.14, which tf-agents 0.19's typing-extensions==4.5.0 pin forbids. Ray
+# core resolves beside the pinned stack without touching protobuf.
+RAY = "ray==2.60.0"
 
 setup(
     name="alf_async",
@@ -28,7 +32,8 @@ setup(
         # gymnasium 1.3.0 is the newest release that installs beside
         # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).
         "gymnasium": [GYMNASIUM],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", GYMNASIUM],
+        "ray": [RAY],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", GYMNASIUM, RAY],
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main"],

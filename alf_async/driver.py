@@ -26,6 +26,7 @@ threads.
 
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 
@@ -88,6 +89,7 @@ class AsyncOffPolicyDriver(object):
                     f"with whole unrolls from any env thread, thread-safe); got "
                     f"{type(m).__name__}. tf-agents TFStepMetrics keep one accumulator per "
                     f"batch row and cannot follow rows from different env threads.")
+        _warn_if_few_inter_op_threads(num_envs, num_actor_queues)
         self._policy = policy
         self._unroll_length = unroll_length
         self._learn_queue_cap = learn_queue_cap
@@ -298,6 +300,32 @@ class AsyncOffPolicyDriver(object):
     def _close_queues_on_stop(self):
         self._coord.wait_for_stop()
         self._queues.close_all()
+
+
+_warned_inter_op = False
+
+
+def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
+    """Each env thread's Python env step runs inside a numpy_function, which
+    holds one of TF's inter-op threads while it runs (or waits: on a child
+    process, a Ray actor, a sleeping simulator). With fewer inter-op threads
+    than env threads, at most that many env steps overlap. The pool is sized
+    by `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
+    works before TF starts running ops (alf-async-train sets it from gin).
+    Warns once per process: for cheap in-process environments the default is
+    right (more threads measured slower), so this is a hint, not an error.
+    """
+    global _warned_inter_op
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count()
+    wanted = num_envs + num_actor_queues
+    if threads < wanted and not _warned_inter_op:
+        _warned_inter_op = True
+        logger.warning(
+            "TF has %d inter-op threads for %d env threads and %d actor threads: at most "
+            "%d environment steps run at once. For environments whose step blocks "
+            "(SubprocessEnv, Ray, a slow simulator) call tf.config.threading."
+            "set_inter_op_parallelism_threads(%d) before TF runs any op.",
+            threads, num_envs, num_actor_queues, threads, wanted)
 
 
 def _size(queue):

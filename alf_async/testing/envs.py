@@ -11,7 +11,9 @@ steps, so its return and its length are both `episode_length`.
 
 import itertools
 import threading
+import time
 
+import gym
 import numpy as np
 from tf_agents.environments import batched_py_environment, py_environment, tf_py_environment
 from tf_agents.specs import array_spec
@@ -112,3 +114,25 @@ class CountingEnvFactory(object):
         with self._lock:
             self.created.append(tf_env)
         return tf_env
+
+
+class _SlowStep(gym.Wrapper):
+    """A gym env whose every step first sleeps `step_secs` (a simulated simulator)."""
+
+    def __init__(self, env, step_secs):
+        super().__init__(env)
+        self._step_secs = step_secs
+
+    def step(self, action):
+        time.sleep(self._step_secs)
+        return self.env.step(action)
+
+
+def slow_cartpole(step_secs=0.005):
+    """gym CartPole-v0 whose steps take `step_secs` longer; picklable by reference."""
+    return _SlowStep(gym.make("CartPole-v0"), step_secs)
+
+
+def cartpole():
+    """gym CartPole-v0; picklable by reference (for SubprocessEnv and Ray)."""
+    return gym.make("CartPole-v0")

@@ -1,0 +1,99 @@
+"""Steps/s with environments in Ray actors vs SubprocessEnvs vs in-process.
+
+The driver (4 env threads, each a TFEnvironment of 4 environments, one actor
+queue of capacity 2, unroll 16, DQN collect policy) collects from:
+
+  in-process      BatchedGymEnv of 4 gym envs in the env thread
+  subprocess      4 SubprocessEnvs, stepped concurrently (send all, then receive all)
+  ray 4 actors    4 Ray actors of 1 env each, called concurrently
+  ray 1 actor     1 Ray actor of 4 envs, one remote call per batch step
+
+for CartPole-v0 (a ~4 us step) and CartPole-v0 whose step sleeps 5 ms (a
+simulated simulator), on a local Ray. The learner only dequeues. TF gets
+--inter_op_threads inter-op threads (default 16; each env thread's blocking
+env step holds one, see AsyncOffPolicyDriver's warning).
+
+    RAY_AUTH_MODE=disabled python benchmarks/ray_envs.py [--seconds 5] [--inter_op_threads 16]
+"""
+
+import argparse
+import functools
+import os
+import time
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import tensorflow as tf  # noqa: E402
+from tf_agents.agents.dqn import dqn_agent  # noqa: E402
+from tf_agents.environments import tf_py_environment  # noqa: E402
+from tf_agents.networks import q_network  # noqa: E402
+
+from alf_async import AsyncOffPolicyDriver  # noqa: E402
+from alf_async.environments import ray_env  # noqa: E402
+from alf_async.environments.gym_batch import BatchedGymEnv  # noqa: E402
+from alf_async.environments.subprocess_env import subprocess_env_f  # noqa: E402
+from alf_async.testing.envs import cartpole, slow_cartpole  # noqa: E402
+
+ENV_THREADS, ENVS_PER_THREAD = 4, 4
+
+
+def collect_policy(tf_env):
+    q_net = q_network.QNetwork(tf_env.observation_spec(), tf_env.action_spec(),
+                               fc_layer_params=(64, 64))
+    agent = dqn_agent.DqnAgent(tf_env.time_step_spec(), tf_env.action_spec(), q_network=q_net,
+                               optimizer=tf.keras.optimizers.Adam(1e-3))
+    agent.initialize()
+    return agent.collect_policy
+
+
+def rate(env_f, policy, seconds):
+    driver = AsyncOffPolicyDriver(env_f, policy, num_envs=ENV_THREADS, actor_queue_cap=2,
+                                  learn_queue_cap=2, unroll_length=16)
+    driver.start()
+    try:
+        for _ in range(2):
+            driver.run_async()
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            steps += driver.run_async()
+        return steps / (time.perf_counter() - start)
+    finally:
+        driver.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--inter_op_threads", type=int, default=16)
+    args = parser.parse_args()
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    policy = collect_policy(tf_py_environment.TFPyEnvironment(
+        BatchedGymEnv([cartpole() for _ in range(ENVS_PER_THREAD)])))
+    env_fns = {"CartPole-v0": cartpole,
+               "CartPole-v0 + 5 ms step": functools.partial(slow_cartpole, 0.005)}
+    rows = []
+    for env_name, env_fn in env_fns.items():
+        kinds = {
+            "in-process": lambda: tf_py_environment.TFPyEnvironment(
+                BatchedGymEnv([env_fn() for _ in range(ENVS_PER_THREAD)])),
+            "subprocess": subprocess_env_f(env_fn, num_envs=ENVS_PER_THREAD),
+            "ray 4 actors x 1 env": ray_env.ray_env_f(env_fn, envs_per_actor=1,
+                                                      actors_per_env=ENVS_PER_THREAD,
+                                                      num_cpus=2),
+            "ray 1 actor x 4 envs": ray_env.ray_env_f(env_fn, envs_per_actor=ENVS_PER_THREAD,
+                                                      actors_per_env=1, num_cpus=2),
+        }
+        for kind, env_f in kinds.items():
+            r = rate(env_f, policy, args.seconds)
+            rows.append((env_name, kind, r))
+            print(f"{env_name:26s} {kind:22s} {r:9.0f} steps/s", flush=True)
+    ray_env.shutdown()
+    print(f"\n{ENV_THREADS} env threads x {ENVS_PER_THREAD} envs, local Ray, "
+          f"{os.cpu_count()} CPUs, {args.inter_op_threads} TF inter-op threads")
+    print(f"{'environment':26s} {'where':22s} {'steps/s':>9s}")
+    for env_name, kind, r in rows:
+        print(f"{env_name:26s} {kind:22s} {r:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
