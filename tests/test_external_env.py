@@ -17,9 +17,11 @@ from tf_agents.specs import array_spec
 from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
+from alf_async.environments import external_env
 from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
                                                  ExternalEnvStoppedError,
-                                                 TooManyEpisodesError, specs_from_gym)
+                                                 TooManyEpisodesError, inter_op_pool_size,
+                                                 specs_from_gym)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,9 +37,10 @@ def no_external_env_threads_left():
     while time.monotonic() < deadline:
         left = [t.name for t in threading.enumerate() if t.name.startswith(OUR_THREADS)]
         if not left:
-            return
+            break
         time.sleep(0.05)
-    raise AssertionError(f"threads still alive after the test: {left}")
+    assert not left, f"threads still alive after the test: {left}"
+    assert external_env._live_slots == 0, "slots left open (not closed by driver.stop())"
 
 
 def policy_action(e, s, offset=0):
@@ -401,6 +404,24 @@ def test_the_filter_must_be_bound_and_made_once():
         learner_filter.apply(None, [0])
     with pytest.raises(ValueError, match="environment 0 is not a slot of this ExternalEnv"):
         learner_filter.bind([object()])
+    ext.stop()
+
+
+def test_slots_beyond_tf_inter_op_pool_are_refused_instead_of_deadlocking():
+    ext = IdleEnv()
+    make_slot = ext.tf_env_factory()
+    slots = []
+    try:
+        with pytest.raises(RuntimeError, match=r"ExternalEnv slots in this process would hold "
+                                               r"all \d+ threads of TensorFlow's inter-op pool "
+                                               r".*reserve_inter_op_threads\("):
+            for _ in range(inter_op_pool_size() + 1):
+                slots.append(make_slot())
+        assert len(slots) == inter_op_pool_size()
+    finally:
+        for slot in slots:   # never used by a driver: closing them frees them
+            slot.close()
+    assert not ext.stopped
     ext.stop()
 
 

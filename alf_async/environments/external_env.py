@@ -9,6 +9,7 @@ a game -- calls
     log_action(episode_id, observation, action)             (off-policy)
     log_returns(episode_id, reward, info=None)
     end_episode(episode_id, observation)
+    abandon_episode(episode_id)      (an end without a last observation)
 
 Subclass `ExternalEnv`, override `run()`, and give the driver
 `ext.tf_env_factory()`:
@@ -37,7 +38,13 @@ stream of tf-agents time steps:
     (next episode)             -->  step(ignored) returns FIRST of the next one
 
 With slots that wait for clients, use `actor_queue_cap=1` (an actor waiting
-for several env threads would wait for several clients at once).
+for several env threads would wait for several clients at once). One
+ExternalEnv serves one driver: stopping the driver stops it.
+
+An episode closed early (its get_action timed out, or its client went idle)
+loses its queued steps and ends with a truncation (LAST, discount 1) that
+repeats its last observation; `abandon_episode` ends the same way but keeps
+the queued steps.
 
 Logged actions and training_enabled=False: the ExperienceFilter
 -----------------------------------------------------------------
@@ -89,18 +96,25 @@ What blocks, and how it ends
 - `stop()` (any thread; also called when the driver closes a slot it used,
   i.e. by `driver.stop()`) wakes everything: blocked and later episode calls
   raise ExternalEnvStoppedError, blocked slots raise too (the driver, which
-  is stopping, ignores it), and `on_stop()` lets `run()` return.
+  is stopping, ignores it), and `on_stop()` lets `run()` return. The driver
+  closes its environments only after waiting half its
+  `stop_grace_period_secs` for env threads that are inside a step, and slots
+  waiting for clients are: `driver.stop()` then takes about that long.
 - An exception in `run()` makes every slot raise it: the driver stops and
   raises it, with its type, in the learner's thread.
 - `run()` returning means no new episodes: once the open ones have ended, a
   slot that would wait for a new episode raises `ExternalEnvFinished`
-  (so a learner reading finite logs ends with that exception).
+  (so a learner reading finite logs ends with that exception). With an
+  ExperienceFilter bound to the driver it first waits until the learner
+  has taken every full batch that is left (a partial last unroll per slot is
+  never shipped by the driver).
 - An episode without any call for `episode_idle_timeout` seconds (a client
   that vanished) is closed: its slot serves other episodes again.
 """
 
 import collections
 import logging
+import os
 import threading
 import time
 import uuid
@@ -232,7 +246,90 @@ def check_nest(value, spec, what):
     return _check_array(value, spec, what)
 
 
+# ------------------------------------------------- TF's inter-op thread pool
+#
+# A slot waits for its client inside the driver's env thread graph, in a
+# tf.numpy_function, and TensorFlow runs that op on a thread of its inter-op
+# pool, which it holds for the whole wait. K slots waiting for clients hold K
+# threads; when they hold all of them, no other graph op in the process runs
+# (actors, other env threads, training) and the driver deadlocks. Measured
+# with the default pool of this project's 2-core machine (2 threads): 3 slots
+# and one client deadlock; with K threads K slots work. Slots are therefore
+# counted per process and refused beyond the pool size; `K + 2` threads also
+# leave room for the actors and the learner's training to run while all
+# slots wait.
+
+_slots_lock = threading.Lock()
+_live_slots = 0
+
+
+def inter_op_pool_size():
+    """The number of threads of TensorFlow's inter-op pool in this process."""
+    configured = tf.config.threading.get_inter_op_parallelism_threads()
+    if configured > 0:
+        return configured
+    from_env = os.environ.get("TF_NUM_INTEROP_THREADS", "")
+    if from_env.strip().isdigit() and int(from_env) > 0:
+        return int(from_env)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def reserve_inter_op_threads(num_slots, spare=2):
+    """Makes TensorFlow's inter-op pool hold `num_slots + spare` threads at least.
+
+    Call it at the start of the program, before TensorFlow runs any op (the
+    pool is created then and cannot change after). Does nothing if the pool
+    is large enough already.
+
+    Raises:
+        RuntimeError: the pool is too small and TensorFlow already started.
+    """
+    needed = num_slots + spare
+    if inter_op_pool_size() >= needed:
+        return
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(needed)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"reserve_inter_op_threads({num_slots}) must run before TensorFlow runs any op: "
+            f"its inter-op pool already has {inter_op_pool_size()} threads") from e
+
+
+def _take_slot():
+    global _live_slots
+    with _slots_lock:
+        pool = inter_op_pool_size()
+        if _live_slots + 1 > pool:
+            raise RuntimeError(
+                f"{_live_slots + 1} ExternalEnv slots in this process would hold all {pool} "
+                f"threads of TensorFlow's inter-op pool while they wait for clients, and the "
+                f"driver would deadlock. Call alf_async.environments.external_env."
+                f"reserve_inter_op_threads({_live_slots + 1}) at the start of the program, "
+                f"before TensorFlow runs any op (or set TF_NUM_INTEROP_THREADS).")
+        _live_slots += 1
+
+
+def _release_slot():
+    global _live_slots
+    with _slots_lock:
+        _live_slots -= 1
+
+
 # --------------------------------------------------------------- internals
+
+
+class _SlotClosed(Exception):
+    """Internal: the driver closed the slot."""
+
+
+def _dummy_last_step(observation_spec):
+    return ts.TimeStep(
+        step_type=np.array([LAST], np.int32), reward=np.zeros([1], np.float32),
+        discount=np.ones([1], np.float32),
+        observation=tf.nest.map_structure(lambda s: np.zeros((1,) + tuple(s.shape), s.dtype),
+                                          observation_spec))
 
 
 class _Reply(object):
@@ -321,6 +418,7 @@ class _SlotEnv(py_environment.PyEnvironment):
         self.index = index
         self.used = False      # reset() was called: a driver runs it
         self.closed = False
+        self.closed_step_returned = False
         self.stepped = False
         self.episode = None    # the bound _Episode
         self.current = None    # _Current
@@ -425,6 +523,7 @@ class _Hub(object):
 
         def make_slot():
             with self._lock:
+                _take_slot()
                 slot = _SlotEnv(self, len(self._slots))
                 self._slots.append(slot)
             return tf_py_environment.TFPyEnvironment(slot)
@@ -671,9 +770,10 @@ class _Hub(object):
     def _raise_in_slot(self, slot):
         if self._error is not None:
             raise self._error
-        if self._stop_requested or slot.closed:
-            raise ExternalEnvStoppedError(
-                f"the ExternalEnv is stopped ({self._stop_reason or 'its slot was closed'})")
+        if slot.closed:
+            raise _SlotClosed()
+        if self._stop_requested:
+            raise ExternalEnvStoppedError(f"the ExternalEnv is stopped ({self._stop_reason})")
 
     def _slot_reset(self, slot):
         self.start()   # the ExternalEnv's run() thread starts with the driver
@@ -683,10 +783,26 @@ class _Hub(object):
                 ep = slot.episode
                 self._close_episode_locked(ep, "its slot was reset")
                 self._finish_bound_locked(slot, ep, ep.closed_reason or "its slot was reset")
-            slot.current = self._bind_next_locked(slot)
+            try:
+                slot.current = self._bind_next_locked(slot)
+            except _SlotClosed:
+                raise ExternalEnvStoppedError("the slot was closed") from None
             return slot.current.time_step
 
     def _slot_step(self, slot, action):
+        try:
+            return self._slot_step_or_raise(slot, action)
+        except _SlotClosed:
+            # The driver is stopping (it closes its queues, then its
+            # environments): end the step quietly, once, with a dummy last
+            # step that goes nowhere (raising would make TensorFlow log the
+            # error of every slot).
+            if slot.closed_step_returned:
+                raise ExternalEnvStoppedError("the slot was closed") from None
+            slot.closed_step_returned = True
+            return _dummy_last_step(self.observation_array_spec)
+
+    def _slot_step_or_raise(self, slot, action):
         cur = slot.current
         if cur is None:
             return self._slot_reset(slot)
@@ -715,13 +831,19 @@ class _Hub(object):
 
     def _slot_close(self, slot):
         with self._lock:
-            slot.closed = True
+            if not slot.closed:
+                slot.closed = True
+                _release_slot()
             used = slot.used
-            if not used and slot in self._slots:
+            if used:
+                # The driver closes environments only when it stops: all of them.
+                for other in self._slots:
+                    if other.used and not other.closed:
+                        other.closed = True
+                        _release_slot()
+            elif slot in self._slots:
                 self._slots.remove(slot)
-            self._slot_cv.notify_all()
-            if slot.episode is not None:
-                slot.episode.cv.notify_all()
+            self._notify_all_locked()
         if used:
             self.stop(reason="the driver closed its environments")
 
@@ -739,11 +861,31 @@ class _Hub(object):
                 ep.last_observation = event.observation
                 return _Current(ep, event, FIRST, event.observation, 0.0, 1.0,
                                 ep.training_enabled)
-            if self._run_returned and not self._episodes:
+            if self._run_returned and not self._episodes and self._delivered_locked():
                 raise ExternalEnvFinished(
                     f"{type(self._owner).__name__}.run() returned and every episode has ended: "
                     f"no more experience")
             self._slot_cv.wait()
+
+    def _delivered_locked(self):
+        """True when the learner has taken every batch it still can.
+
+        Raising ExternalEnvFinished stops the driver, which drops the unrolls
+        in its queues; with an ExperienceFilter bound to the driver, slots
+        wait until fewer complete unrolls than one learner batch are left
+        unfiltered (those can never make a batch). Without one: at once.
+        """
+        f = self._filter
+        if f is None or f.unroll_length is None:
+            return True
+        pending = sum(len(s.records) // f.unroll_length for s in self._slots)
+        return pending < f.learn_queue_cap
+
+    def records_taken(self):
+        """Called by the ExperienceFilter after it took records (wakes finishing slots)."""
+        if self._run_returned:
+            with self._lock:
+                self._slot_cv.notify_all()
 
     def _next_in_episode_locked(self, slot, ep):
         """Waits for the bound episode's next step (or its close); returns it."""
@@ -996,6 +1138,8 @@ class ExperienceFilter(object):
         self._ext = ext
         self._observers = list(observers)
         self._slots = None
+        self.unroll_length = None     # known when bound to a driver
+        self.learn_queue_cap = None
         self.transitions = 0          # transitions seen
         self.actions_replaced = 0     # logged actions written over the policy's
         self.transitions_masked = 0   # transitions replaced by inert boundaries
@@ -1019,6 +1163,10 @@ class ExperienceFilter(object):
                                  f"the driver with ext.tf_env_factory()")
             slots.append(pyenv)
         self._slots = slots
+        queues = getattr(driver_or_environments, "queues", None)
+        if queues is not None:
+            self.unroll_length = queues.unroll_length
+            self.learn_queue_cap = queues.learn_queue.capacity
         return self
 
     def __call__(self, exp, env_ids):
@@ -1063,6 +1211,7 @@ class ExperienceFilter(object):
         self.transitions += rows * T
         self.actions_replaced += len(replace)
         self.transitions_masked += len(mask)
+        self._ext.records_taken()
         if not replace and not mask:
             return exp
         new = tf.nest.map_structure(lambda t: np.array(t), exp)
