@@ -412,7 +412,7 @@ class _LocalInference(object):
         model_dir = os.path.join(self._dir, "model")
         _extract(blob, model_dir)
         self._policy = py_tf_eager_policy.SavedModelPyTFEagerPolicy(
-            model_dir, load_specs_from_pbtxt=True)
+            model_dir, load_specs_from_pbtxt=True, use_tf_function=True)
         self._time_step_spec = tensor_spec.to_nest_array_spec(self._policy.time_step_spec)
         self._obs_spec = self._time_step_spec.observation
 
