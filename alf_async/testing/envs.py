@@ -30,17 +30,20 @@ class CountingEnv(py_environment.PyEnvironment):
         env_index: the value of observation[0].
         episode_length: rewarded steps per episode.
         raise_on_step: if set, `step()` raises `error` on this (1-based) call.
+        raise_on_reset: if set, `reset()` raises `error` on this (1-based) call.
         error: the exception instance to raise.
         check_action: if set, a callable(observation, action) -> expected
             action; a different action raises AssertionError (routing check).
     """
 
     def __init__(self, env_index=0, episode_length=5, raise_on_step=None, error=None,
-                 check_action=None):
+                 check_action=None, raise_on_reset=None):
         super().__init__(handle_auto_reset=True)
         self._index = env_index
         self._episode_length = episode_length
         self._raise_on_step = raise_on_step
+        self._raise_on_reset = raise_on_reset
+        self._num_resets = 0
         self._error = error or ValueError(f"CountingEnv {env_index}: injected failure")
         self._check_action = check_action
         self._counter = -1
@@ -62,6 +65,9 @@ class CountingEnv(py_environment.PyEnvironment):
         return self._last_obs
 
     def _reset(self):
+        self._num_resets += 1
+        if self._raise_on_reset is not None and self._num_resets >= self._raise_on_reset:
+            raise self._error
         self._step_in_episode = 0
         return ts.restart(self._observe())
 
