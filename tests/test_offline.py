@@ -71,8 +71,9 @@ def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
                                 logged_action(e, 2), policy_action(e, 9)])
         else:
             # Cut short: its last transition (outcome unknown) and the made-up
-            # end are inert boundaries.
-            np.testing.assert_array_equal(exp.observation[0], [[C, 0], [C, 1], [0, 0], [0, 0]])
+            # end (repeating [C, 2]) are inert boundaries; [C, 2] stays, as
+            # the next observation of the transition from [C, 1].
+            np.testing.assert_array_equal(exp.observation[0], [[C, 0], [C, 1], [C, 2], [C, 2]])
             np.testing.assert_array_equal(exp.step_type[0], [0, 1, 2, 2])
             np.testing.assert_array_equal(exp.next_step_type[0], [1, 1, 0, 0])
             np.testing.assert_array_equal(exp.action[0, :2], [logged_action(C, 0),

@@ -60,12 +60,17 @@ thread's index, which `bind(driver)` maps to the slot via
 types and observations, and then
 
 - writes each logged action over the policy's action (`log_action` steps);
-- replaces every transition of a `training_enabled=False` episode (and the
-  made-up last transition of an episode closed by a timeout) by an inert
-  boundary transition: step_type LAST, next_step_type FIRST, reward 0,
-  discount 1, zero observation, minimal action. tf-agents' losses mask
-  transitions that start at a LAST step, so none of those steps trains the
-  agent, and none of their observations, actions or rewards reach it;
+- replaces every transition of a `training_enabled=False` episode by an
+  inert boundary transition: step_type LAST, next_step_type FIRST, reward
+  0, discount 1, zero observation, policy info and minimal action.
+  tf-agents' losses mask transitions that start at a LAST step, so none of
+  those steps trains the agent, and none of their observations, actions or
+  rewards reach it (the step before such an episode is always the previous
+  episode's LAST, itself a masked boundary);
+- makes the last real transition of an episode closed early (timeout, idle
+  client, `abandon_episode`), whose outcome is unknown, and its made-up end
+  inert boundaries too, but keeps their observations: the transition before
+  takes that observation as its next one and is trained on;
 
 before handing the batch to its own observers (e.g. a replayer). The
 LogThread still sees the driver's own trajectories: such episodes are
@@ -376,7 +381,7 @@ class _Episode(object):
 class _Current(object):
     """The time step a slot last returned, and what the driver's next step means."""
     __slots__ = ("episode", "kind", "reply", "step_type", "observation", "logged_action",
-                 "learn", "time_step")
+                 "learn", "private", "time_step")
 
     def __init__(self, episode, event, step_type, observation, reward, discount, learn):
         self.episode = episode
@@ -386,6 +391,7 @@ class _Current(object):
         self.step_type = step_type
         self.observation = observation
         self.learn = learn
+        self.private = not episode.training_enabled
         self.time_step = ts.TimeStep(
             step_type=np.array([step_type], np.int32),
             reward=np.array([reward], np.float32),
@@ -394,14 +400,19 @@ class _Current(object):
 
 
 class _Record(object):
-    """What the ExperienceFilter needs to know about one transition of a slot."""
-    __slots__ = ("step_type", "observation", "logged_action", "learn")
+    """What the ExperienceFilter needs to know about one transition of a slot.
 
-    def __init__(self, step_type, observation, logged_action, learn):
+    `learn`: the transition may be trained on. `private`: it belongs to a
+    training_enabled=False episode (nothing of it may reach the learner).
+    """
+    __slots__ = ("step_type", "observation", "logged_action", "learn", "private")
+
+    def __init__(self, step_type, observation, logged_action, learn, private):
         self.step_type = step_type
         self.observation = observation
         self.logged_action = logged_action
         self.learn = learn
+        self.private = private
 
 
 class _SlotEnv(py_environment.PyEnvironment):
@@ -825,7 +836,7 @@ class _Hub(object):
                 # The transition's next step is made up when the episode was closed.
                 learn = cur.learn and nxt.learn if cur.step_type != LAST else cur.learn
                 slot.records.append(_Record(cur.step_type, cur.observation,
-                                            cur.logged_action, learn))
+                                            cur.logged_action, learn, cur.private))
             slot.current = nxt
             return nxt.time_step
 
@@ -1205,7 +1216,7 @@ class ExperienceFilter(object):
                         f"(step type {step_type[r, t]}) does not match the slot's record "
                         f"(step type {rec.step_type}); a batch was not filtered")
                 if not rec.learn:
-                    mask.append((r, t))
+                    mask.append((r, t, rec.private))
                 elif rec.logged_action is not None:
                     replace.append((r, t, rec.logged_action))
         self.transitions += rows * T
@@ -1224,11 +1235,18 @@ class ExperienceFilter(object):
         return tf.nest.map_structure(tf.convert_to_tensor, new)
 
     def _mask(self, exp, cells):
-        rows, steps = (np.array(x) for x in zip(*cells))
+        """Turns cells into inert boundaries; blanks the private ones.
+
+        A non-private cell (the unknown-outcome end of a closed episode)
+        keeps its observation: the transition before it, which is trained
+        on, takes it as its next observation.
+        """
+        rows, steps, private = (np.array(x) for x in zip(*cells))
         exp.step_type[rows, steps] = LAST
         exp.next_step_type[rows, steps] = FIRST
         exp.reward[rows, steps] = 0
         exp.discount[rows, steps] = 1
+        rows, steps = rows[private], steps[private]
         for leaf in tf.nest.flatten(exp.observation) + tf.nest.flatten(exp.policy_info):
             leaf[rows, steps] = 0
         for leaf, spec in zip(tf.nest.flatten(exp.action),
