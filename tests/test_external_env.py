@@ -28,6 +28,9 @@ pytestmark = pytest.mark.timeout(60)
 OBS_SPEC = array_spec.BoundedArraySpec((2,), np.int32, 0, 1000, name="observation")
 ACTION_SPEC = array_spec.BoundedArraySpec((), np.int32, 0, 999, name="action")
 OUR_THREADS = ("external_env", "policy_server", "offline")
+SMALL_ACTION_SPEC = array_spec.BoundedArraySpec((), np.int32, 0, 3)
+DICT_OBS_SPEC = {"pos": array_spec.BoundedArraySpec((2,), np.float32, -1, 1),
+                 "count": array_spec.ArraySpec((), np.int32)}
 
 
 @pytest.fixture(autouse=True)
@@ -313,10 +316,7 @@ def test_max_concurrent_refuses_and_leaves_open_episodes_alone():
 ])
 def test_observations_that_do_not_match_the_spec_are_refused_and_not_queued(observation,
                                                                           message):
-    ext = ExternalEnv(
-        array_spec.BoundedArraySpec((), np.int32, 0, 3),
-        {"pos": array_spec.BoundedArraySpec((2,), np.float32, -1, 1),
-         "count": array_spec.ArraySpec((), np.int32)})
+    ext = ExternalEnv(SMALL_ACTION_SPEC, DICT_OBS_SPEC)
     eid = ext.start_episode()
     for call in (lambda: ext.get_action(eid, observation),
                  lambda: ext.log_action(eid, observation, 1),

@@ -91,8 +91,8 @@ def play(client, k, steps=3, get=True):
     return actions
 
 
-@pytest.mark.parametrize("served", [dict(num_envs=2, token="s3cret", max_body_bytes=4096)],
-                         indirect=True)
+@pytest.mark.parametrize("served", [dict(num_envs=2, token="s3cret", max_body_bytes=4096,
+                                         max_concurrent=3)], indirect=True)
 def test_remote_clients_play_at_once_and_every_bad_request_gets_a_4xx(served):
     address = served.server.address
     assert address.startswith("http://127.0.0.1:")
@@ -168,6 +168,13 @@ def test_remote_clients_play_at_once_and_every_bad_request_gets_a_4xx(served):
     good.end_episode(eid, [5, 4])
     with pytest.raises(ValueError, match="'still-serving' has already finished"):
         good.get_action(eid, [5, 5])
+    # Too many open episodes: 429; the open ones are unaffected.
+    open_ids = [good.start_episode() for _ in range(3)]
+    with pytest.raises(protocol.TooManyEpisodesServerError,
+                       match="3 episodes are open and max_concurrent is 3") as info:
+        good.start_episode()
+    assert info.value.status == 429
+    assert good.get_action(open_ids[0], [6, 0]) == policy_action(6, 0)
     good.close()
 
 

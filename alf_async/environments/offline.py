@@ -209,7 +209,10 @@ class OfflineEnv(ExternalEnv):
                 return
 
     def _feed(self, episode_id, steps, terminated):
-        self.start_episode(episode_id)
+        try:
+            self.start_episode(episode_id)
+        except ValueError as e:   # e.g. an id logged again after its done
+            raise LogFormatError(f"{steps[0][0]}: {e}") from None
         for where, step in steps:
             try:
                 self.log_action(episode_id, step["observation"], step["action"])
