@@ -84,7 +84,8 @@ class PolicyServerEnv(ExternalEnv):
             action_timeout: see ExternalEnv.
             episode_idle_timeout: seconds without a request after which an
                 episode is closed (a vanished client); None: never.
-            max_body_bytes: larger request bodies get 413 without being read.
+            max_body_bytes: larger request bodies get 413 (the body is read
+                and dropped, up to 64 MiB, and the connection closed).
             connection_idle_timeout: seconds a keep-alive connection may
                 stay silent before the server closes it.
             weights_refresh_secs: how stale the exported weights may be.
