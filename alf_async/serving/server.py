@@ -210,6 +210,8 @@ class _HTTPServer(http.server.HTTPServer):
     """
 
     allow_reuse_address = True
+    # Many clients may connect at once (socketserver's default backlog is 5).
+    request_queue_size = 128
 
     def __init__(self, address, handler, env):
         self.env = env

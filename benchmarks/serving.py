@@ -1,0 +1,175 @@
+"""Policy serving on loopback: get_action round-trip latency and requests/s.
+
+One process runs a PolicyServerEnv with 16 slots, the driver (a DQN collect
+policy, QNetwork 64x64 on CartPole's specs, 2 actor queues) and a learner
+thread that takes every batch (no training: this measures serving). For 1,
+4 and 16 concurrent clients, a separate client process (remote inference,
+no TensorFlow in it) runs that many threads, each playing episodes of
+`--steps` steps: start_episode, then get_action + log_returns per step,
+end_episode. Latency is the get_action round trip as the client sees it.
+
+    python benchmarks/serving.py [--seconds 8] [--clients 1,4,16]
+
+Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
+requests/s (all commands), client threads that failed (should be 0).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+SLOTS = 16
+
+
+# ---------------------------------------------------------------- clients
+
+
+def client_worker(address, num_clients, seconds, steps):
+    """Runs in the client process: plays episodes from `num_clients` threads."""
+    from alf_async.serving.client import PolicyClient  # pylint: disable=import-outside-toplevel
+    assert "tensorflow" not in sys.modules
+    latencies, requests, errors = [], [0], []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def play(k):
+        rng = np.random.default_rng(k)
+        mine, count = [], 0
+        try:
+            with PolicyClient(address) as client:
+                while time.monotonic() < deadline:
+                    eid = client.start_episode()
+                    count += 1
+                    for _ in range(steps):
+                        obs = rng.uniform(-0.05, 0.05, 4).tolist()
+                        start = time.perf_counter()
+                        client.get_action(eid, obs)
+                        mine.append(time.perf_counter() - start)
+                        client.log_returns(eid, 1.0)
+                        count += 2
+                    client.end_episode(eid, obs)
+                    count += 1
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(repr(e))
+        with lock:
+            latencies.extend(mine)
+            requests[0] += count
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=play, args=(k,)) for k in range(num_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    json.dump({"latencies": latencies, "requests": requests[0], "elapsed": elapsed,
+               "errors": errors}, sys.stdout)
+
+
+def run_clients(address, num_clients, seconds, steps):
+    """Runs client_worker in a child process; returns its measurements."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--address", address,
+           "--clients", str(num_clients), "--seconds", str(seconds), "--steps", str(steps)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)  # pylint: disable=consider-using-with
+    try:
+        out, _ = proc.communicate(timeout=seconds + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"client process failed with exit code {proc.returncode}")
+    return json.loads(out)
+
+
+# ----------------------------------------------------------------- server
+
+
+def serve_and_measure(client_counts, seconds, steps):
+    # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external_env import reserve_inter_op_threads
+    reserve_inter_op_threads(SLOTS)   # before any TensorFlow op
+    import gym
+    import tensorflow as tf
+    from tf_agents.agents.dqn import dqn_agent
+    from tf_agents.networks import q_network
+    from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+    from alf_async.environments.external_env import specs_from_gym
+    from alf_async.serving import PolicyServerEnv
+
+    env = gym.make("CartPole-v0")
+    action_spec, observation_spec = specs_from_gym(env.action_space, env.observation_space)
+    env.close()
+    server = PolicyServerEnv(action_spec, observation_spec, max_concurrent=4 * SLOTS)
+    q_net = q_network.QNetwork(server.time_step_spec().observation, server.action_spec(),
+                               fc_layer_params=(64, 64))
+    agent = dqn_agent.DqnAgent(server.time_step_spec(), server.action_spec(), q_network=q_net,
+                               optimizer=tf.keras.optimizers.Adam(1e-3))
+    agent.initialize()
+    driver = AsyncOffPolicyDriver(server.tf_env_factory(), agent.collect_policy,
+                                  num_envs=SLOTS, num_actor_queues=2, actor_queue_cap=1,
+                                  unroll_length=16, learn_queue_cap=1)
+
+    def learn():
+        try:
+            while True:
+                driver.run_async()
+        except DriverStoppedError:
+            pass
+
+    learner = threading.Thread(target=learn, name="learner", daemon=True)
+    driver.start()
+    learner.start()
+    rows = []
+    try:
+        # Warm-up: every slot's env thread traces its graph loop on its first episode.
+        warm = run_clients(server.address, SLOTS, 3.0, steps)
+        if warm["errors"]:
+            print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
+        for n in client_counts:
+            r = run_clients(server.address, n, seconds, steps)
+            lat = np.asarray(r["latencies"]) * 1e3
+            rows.append((n, np.percentile(lat, 50), np.percentile(lat, 99),
+                         len(lat) / r["elapsed"], r["requests"] / r["elapsed"],
+                         len(r["errors"])))
+            if r["errors"]:
+                print(f"{n} clients: errors {r['errors']}", file=sys.stderr)
+    finally:
+        driver.stop()
+        learner.join(10)
+        server.close()
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="per client count")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--steps", type=int, default=50, help="steps per episode")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        client_worker(args.address, int(args.clients), args.seconds, args.steps)
+        return
+    counts = [int(c) for c in args.clients.split(",")]
+    if max(counts) > SLOTS:
+        parser.error(f"at most {SLOTS} clients (one slot each)")
+    rows = serve_and_measure(counts, args.seconds, args.steps)
+    print(f"\nget_action round trip on loopback ({SLOTS} slots, remote inference, "
+          f"{args.seconds:g} s per row, episodes of {args.steps} steps):\n")
+    print("| clients | get_action p50 (ms) | get_action p99 (ms) | get_action/s | requests/s "
+          "| client errors |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, p50, p99, actions, requests, errors in rows:
+        print(f"| {n} | {p50:.2f} | {p99:.2f} | {actions:,.0f} | {requests:,.0f} | {errors} |")
+
+
+if __name__ == "__main__":
+    main()
