@@ -32,10 +32,14 @@ class Served(object):
         self.batches = []
         self.filter = self.server.experience_filter(
             observers=[lambda exp, ids: self.batches.append(numpy(exp))])
-        self.driver = AsyncOffPolicyDriver(
-            self.server.tf_env_factory(), self.policy, num_envs=num_envs,
-            unroll_length=unroll_length, exp_observers=[self.filter],
-            stop_grace_period_secs=1.0)
+        try:
+            self.driver = AsyncOffPolicyDriver(
+                self.server.tf_env_factory(), self.policy, num_envs=num_envs,
+                unroll_length=unroll_length, exp_observers=[self.filter],
+                stop_grace_period_secs=1.0)
+        except BaseException:
+            self.server.close()
+            raise
         self.filter.bind(self.driver)
         self.driver.start()
         self.learner = threading.Thread(target=self._learn, name="learner", daemon=True)

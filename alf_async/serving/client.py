@@ -48,6 +48,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 
 import numpy as np
 
@@ -409,6 +410,7 @@ class _LocalInference(object):
         from tf_agents.specs import tensor_spec
         blob = self._get(protocol.POLICY_MODEL_PATH)[1]
         self._dir = tempfile.mkdtemp(prefix="alf_async_client_policy_")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         model_dir = os.path.join(self._dir, "model")
         _extract(blob, model_dir)
         self._policy = py_tf_eager_policy.SavedModelPyTFEagerPolicy(
@@ -444,7 +446,7 @@ class _LocalInference(object):
             self.report()
         finally:
             if self._dir is not None:
-                shutil.rmtree(self._dir, ignore_errors=True)
+                self._cleanup()
 
 
 def _jsonable(value):

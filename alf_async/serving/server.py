@@ -51,6 +51,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import weakref
 
 from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
                                                  ExternalEnvStoppedError,
@@ -432,6 +433,8 @@ class _PolicyExport(object):
         from tf_agents.policies import policy_saver  # pylint: disable=import-outside-toplevel
         self._refresh = float(refresh_secs)
         self._dir = tempfile.mkdtemp(prefix="alf_async_policy_")
+        # Removed by close(), or at garbage collection / exit if never closed.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         self._lock = threading.Lock()
         try:
             self._saver = policy_saver.PolicySaver(policy, batch_size=None)
@@ -461,7 +464,7 @@ class _PolicyExport(object):
             return self._weights
 
     def close(self):
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._cleanup()
 
 
 def _tar_gz(directory):
