@@ -462,17 +462,31 @@ class _Loop(object):
                  log_interval_secs, stop_event, print_fn):
         self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
         self._num_steps = agent.train_sequence_length
-        self._train_step = common.function(self._train_step_graph)
+        self._train = common.function(self._train_graph)
         self._health = DriverHealth(driver)
         self._evaluations = []
         self._solved_secs = None
         self._loss = None
         self._config_written = False
 
-    def _train_step_graph(self):
-        # Sampling reads the replayer's variables: one graph call per train step.
-        experience = self.replayer.sample(self.sample_batch_size, self._num_steps)
-        return self.agent.train(experience)
+    def _train_graph(self):
+        """train_steps_per_iteration x (sample, agent.train) in one graph call.
+
+        One call instead of one per train step: the learner's Python (which
+        needs the GIL the env threads also need) runs once per iteration.
+        Sampling reads the replayer's variables, so it sees every write.
+        """
+        def step():
+            experience = self.replayer.sample(self.sample_batch_size, self._num_steps)
+            return self.agent.train(experience)
+
+        loss_info = step()
+        if self.train_steps_per_iteration > 1:
+            _, loss_info = tf.while_loop(
+                lambda i, _: i < self.train_steps_per_iteration - 1,
+                lambda i, _: (i + 1, step()), (tf.constant(0), loss_info),
+                parallel_iterations=1)
+        return loss_info
 
     def _should_stop(self):
         if self.stop_event is not None and self.stop_event.is_set():
@@ -527,8 +541,7 @@ class _Loop(object):
             before = int(self.global_step)
             if int(self.counters.env_steps) >= self.initial_collect_steps and \
                     self.replayer.can_sample(self._num_steps or 1):
-                for _ in range(self.train_steps_per_iteration):
-                    self._loss = self._train_step()
+                self._loss = self._train()
                 if not self._config_written:
                     self._write_operative_config()
             after = int(self.global_step)

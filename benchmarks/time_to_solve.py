@@ -1,0 +1,196 @@
+"""Time to solve CartPole-v0 with DQN: alf_async's trainer vs a synchronous tf-agents loop.
+
+Both sides read the same gin file (default gin_configs/dqn_cartpole.gin):
+the same agent (trainer.dqn_agent: network, optimizer, DqnAgent settings,
+epsilon schedule), the same number of environments, env steps per
+iteration, train steps per iteration, sample batch size, initial collection
+and replay capacity, and the same evaluation protocol (trainer.Evaluator:
+the greedy policy, one episode on each of train.num_eval_episodes envs,
+every train.eval_interval train steps). "Solved" is the first evaluation
+with AverageReturn >= 195; the clock starts when the loop starts (agents and
+environments built, nothing traced yet) and includes evaluations.
+
+- async: `alf_async.trainer.train()` (the AsyncOffPolicyDriver collects
+  while the learner trains; environments are BatchedGymEnv).
+- sync: the tf-agents loop of its DQN tutorial: DynamicStepDriver collects
+  num_envs * env_batch_size * unroll_length env steps into a
+  TFUniformReplayBuffer, then train_steps_per_iteration train steps on its
+  dataset, alternating. `--sync_env suite_gym` (default) steps
+  TFPyEnvironment(BatchedPyEnvironment(suite_gym.load(...))), the stack a
+  tf-agents user writes; `--sync_env gym_batch` gives it our BatchedGymEnv,
+  to separate the driver's gain from the environment layer's.
+
+Every run is its own process (one at a time, async and sync alternating per
+seed), capped at --cap seconds of loop time.
+
+    python benchmarks/time_to_solve.py --seeds 1 2 3 4 5 [--cap 300] [--sync_env suite_gym]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
+SOLVED = 195.0
+
+
+def _parse_gin(gin_file, extra):
+    import gin
+
+    from alf_async import trainer  # noqa: F401  (registers the configurables)
+    gin.parse_config_files_and_bindings([gin_file], extra)
+
+
+def run_async(seed, cap, root_dir):
+    """One trainer.train() run; returns seconds to solve (None if not within cap)."""
+    from alf_async import trainer
+    stop = threading.Event()
+    timer = threading.Timer(cap, stop.set)
+    timer.start()
+    try:
+        result = trainer.train(root_dir, seed=seed, stop_at_eval_return=SOLVED, stop_event=stop,
+                               print_fn=lambda line: None)
+    finally:
+        timer.cancel()
+    return result.solved_secs, result.env_steps
+
+
+def run_sync(seed, cap, sync_env):
+    """The synchronous tf-agents loop with the same gin-configured agent and settings."""
+    import gin
+    import tensorflow as tf
+    from tf_agents.drivers import dynamic_step_driver
+    from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
+    from tf_agents.replay_buffers import tf_uniform_replay_buffer
+    from tf_agents.utils import common
+
+    from alf_async import trainer
+    from alf_async.environments import gym_batch, suites
+
+    q = gin.query_parameter
+    env_name = q("train.env_name")
+    num_rows = q("train.num_envs") * q("train.env_batch_size")
+    steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(
+        "train.unroll_length")
+    train_steps = q("train.train_steps_per_iteration")
+    eval_interval = q("train.eval_interval")
+
+    tf.random.set_seed(seed)
+    if sync_env == "suite_gym":
+        py_envs = [suite_gym.load(env_name) for _ in range(num_rows)]
+        for i, e in enumerate(py_envs):
+            e.seed(seed + i)
+        env = tf_py_environment.TFPyEnvironment(
+            batched_py_environment.BatchedPyEnvironment(py_envs, multithreading=False))
+    else:
+        env = tf_py_environment.TFPyEnvironment(
+            gym_batch.load_batched(env_name, num_rows, seed=seed))
+    eval_env = suites.load("suite_gym", env_name, batch_size=q("train.num_eval_episodes"),
+                           seed=seed + 1000003)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    agent = trainer.dqn_agent(env.time_step_spec(), env.action_spec(), global_step)
+    agent.initialize()
+    buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
+        agent.collect_data_spec, batch_size=num_rows,
+        max_length=q("UniformReplayer.capacity_per_row"))
+    driver = dynamic_step_driver.DynamicStepDriver(
+        env, agent.collect_policy, observers=[buffer.add_batch], num_steps=steps_per_iteration)
+    collect = common.function(driver.run)
+    dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("train.sample_batch_size"),
+                                num_steps=agent.train_sequence_length).prefetch(3)
+    train_step = common.function(agent.train)
+    evaluator = trainer.Evaluator(eval_env, agent.policy)
+
+    start = time.monotonic()
+    time_step, policy_state, env_steps = None, None, 0
+    iterator = None
+    while time.monotonic() - start < cap:
+        time_step, policy_state = collect(time_step, policy_state)
+        env_steps += steps_per_iteration
+        if env_steps < q("train.initial_collect_steps"):
+            continue
+        if iterator is None:
+            iterator = iter(dataset)
+        before = int(global_step)
+        for _ in range(train_steps):
+            experience, _ = next(iterator)
+            train_step(experience)
+        after = int(global_step)
+        if after // eval_interval > before // eval_interval:
+            average_return, _ = evaluator()
+            if average_return >= SOLVED:
+                return time.monotonic() - start, env_steps
+    return None, env_steps
+
+
+def one_run(args):
+    _parse_gin(args.gin_file, args.gin_param)
+    if args.one == "async":
+        secs, env_steps = run_async(args.seed, args.cap, args.root_dir)
+    else:
+        secs, env_steps = run_sync(args.seed, args.cap, args.sync_env)
+    print(json.dumps({"secs": secs, "env_steps": env_steps}), flush=True)
+
+
+def spawn(kind, seed, args, root_dir):
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", kind, "--seed", str(seed),
+           "--cap", str(args.cap), "--gin_file", args.gin_file, "--sync_env", args.sync_env,
+           "--root_dir", root_dir] + sum((["--gin_param", p] for p in args.gin_param), [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cap + 180)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{kind} run for seed {seed} failed (exit {proc.returncode}):\n"
+                       f"{proc.stderr[-3000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--cap", type=float, default=300.0, help="seconds per run")
+    parser.add_argument("--gin_file", default=DEFAULT_GIN)
+    parser.add_argument("--gin_param", action="append", default=[])
+    parser.add_argument("--sync_env", choices=["suite_gym", "gym_batch"], default="suite_gym")
+    parser.add_argument("--work_dir", default="/tmp/alf_async_time_to_solve")
+    parser.add_argument("--one", choices=["async", "sync"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return one_run(args)
+
+    import shutil
+    times = {"async": [], "sync": []}
+    print(f"DQN CartPole-v0 time to first eval AverageReturn >= {SOLVED:.0f}: {args.gin_file}, "
+          f"seeds {args.seeds}, cap {args.cap:.0f} s per run, sync env {args.sync_env}",
+          flush=True)
+    for seed in args.seeds:
+        for kind in ("async", "sync"):
+            root_dir = os.path.join(args.work_dir, f"{kind}_{seed}")
+            shutil.rmtree(root_dir, ignore_errors=True)
+            result = spawn(kind, seed, args, root_dir)
+            shutil.rmtree(root_dir, ignore_errors=True)
+            times[kind].append(result["secs"])
+            shown = "not solved" if result["secs"] is None else f"{result['secs']:.1f} s"
+            print(f"  seed {seed:3d} {kind:5s}: {shown:>11s}  ({result['env_steps']} env steps)",
+                  flush=True)
+    medians = {}
+    for kind, values in times.items():
+        # An unsolved run counts as the cap (a lower bound of its time).
+        capped = [args.cap if v is None else v for v in values]
+        medians[kind] = statistics.median(capped)
+        unsolved = sum(v is None for v in values)
+        print(f"{kind:5s}: median {medians[kind]:.1f} s over {len(values)} runs, "
+              f"{unsolved} not solved within {args.cap:.0f} s")
+    print(f"ratio of medians async / sync: {medians['async'] / medians['sync']:.2f} "
+          f"(target <= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
