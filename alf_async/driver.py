@@ -36,7 +36,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async import metrics as metrics_lib
 from alf_async.actor_thread import ActorThread
-from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread
+from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks
 from alf_async.log_thread import LogThread
 from alf_async.queues import TFQueues, check_queue_config
 
@@ -89,13 +89,14 @@ class AsyncOffPolicyDriver(object):
                     f"with whole unrolls from any env thread, thread-safe); got "
                     f"{type(m).__name__}. tf-agents TFStepMetrics keep one accumulator per "
                     f"batch row and cannot follow rows from different env threads.")
-        _warn_if_few_inter_op_threads(num_envs, num_actor_queues)
         self._policy = policy
         self._unroll_length = unroll_length
         self._learn_queue_cap = learn_queue_cap
         self._exp_observers = list(exp_observers)
         self._grace = stop_grace_period_secs
         self._envs = _make_envs(env_f, num_envs)
+        _warn_if_few_inter_op_threads(sum(not blocks(e) for e in self._envs),
+                                      num_actor_queues)
         try:
             self._env_batch_size = _check_specs(self._envs, policy)
             self._build(num_envs, num_actor_queues, actor_queue_cap, observers, metrics)
@@ -268,6 +269,10 @@ class AsyncOffPolicyDriver(object):
             self._stopped = True
             self._coord.request_stop()
             self._queues.close_all()
+            # Environments that block on the outside (declared with
+            # blocking_step) promise a close() that is safe from any thread and
+            # wakes a blocked step: close them now rather than after a wait.
+            _close_envs([e for e in self._envs if blocks(e)])
             envs_closed = False
             try:
                 if self._started:
@@ -284,7 +289,7 @@ class AsyncOffPolicyDriver(object):
                     self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
                 if not envs_closed:
-                    _close_envs(self._envs)
+                    _close_envs([e for e in self._envs if not blocks(e)])
                 logger.info("alf_async driver stopped")
 
     # ---------------------------------------------------------------- private
@@ -306,10 +311,11 @@ _warned_inter_op = False
 
 
 def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
-    """Each env thread's Python env step runs inside a numpy_function, which
-    holds one of TF's inter-op threads while it runs (or waits: on a child
-    process, a Ray actor, a sleeping simulator). With fewer inter-op threads
-    than env threads, at most that many env steps overlap. The pool is sized
+    """Each graph-mode env thread's Python env step runs inside a
+    numpy_function, which holds one of TF's inter-op threads while it runs
+    (environments declaring `blocking_step` are stepped off the pool). A slow
+    in-process simulator (one that sleeps or releases the GIL) therefore
+    overlaps at most that many env steps. The pool is sized
     by `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
     works before TF starts running ops (alf-async-train sets it from gin).
     Warns once per process: for cheap in-process environments the default is
@@ -321,10 +327,10 @@ def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
     if threads < wanted and not _warned_inter_op:
         _warned_inter_op = True
         logger.warning(
-            "TF has %d inter-op threads for %d env threads and %d actor threads: at most "
-            "%d environment steps run at once. For environments whose step blocks "
-            "(SubprocessEnv, Ray, a slow simulator) call tf.config.threading."
-            "set_inter_op_parallelism_threads(%d) before TF runs any op.",
+            "TF has %d inter-op threads for %d graph-mode env threads and %d actor threads: "
+            "at most %d environment steps run at once. For a slow in-process simulator, "
+            "call tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs "
+            "any op, or declare blocking_step = True on its PyEnvironment.",
             threads, num_envs, num_actor_queues, threads, wanted)
 
 

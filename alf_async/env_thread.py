@@ -14,6 +14,16 @@ benchmarks/throughput.py: a Python loop of eager queue ops was ~5x slower
 with 4 env threads, because every per-step op and numpy conversion
 competed for the GIL.
 
+Environments whose step blocks on something outside the process (a child
+process, a Ray actor, a client of an ExternalEnv) declare it with
+`blocking_step = True` on their Python environment. Those are stepped from a
+Python loop with eager queue ops instead: inside the graph, a blocked
+`numpy_function` holds one of TF's inter-op threads (as many as cores by
+default), so a few blocked steps starved the actors and deadlocked the
+driver (measured: 3 ExternalEnv slots and one client on 2 cores), and at
+most two child processes stepped at once. Their per-step overhead does not
+matter next to the wait.
+
 A Python environment behind a TFPyEnvironment is stepped through our own
 `tf.numpy_function`, which records the environment's exception before TF
 turns it into a `tf.errors.OpError`; the thread then raises the original
@@ -28,12 +38,25 @@ step in progress finishes first. The perf counters may be read by any thread.
 """
 
 import threading
+import time
 
+import numpy as np
 import tensorflow as tf
-from tf_agents.environments import tf_py_environment
+from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
+
+
+def blocks(tf_env):
+    """True when `tf_env`'s Python environment declares `blocking_step = True`
+    (directly, or every environment of a tf-agents BatchedPyEnvironment)."""
+    if not uses_python_env(tf_env):
+        return False
+    pyenv = tf_env.pyenv
+    if isinstance(pyenv, batched_py_environment.BatchedPyEnvironment):
+        return all(getattr(e, "blocking_step", False) for e in pyenv.envs)
+    return bool(getattr(pyenv, "blocking_step", False))
 
 
 def uses_python_env(tf_env):
@@ -93,9 +116,13 @@ class EnvThread(threading.Thread):
     def run(self):
         with self._coord.stop_on_exception():
             try:
-                time_step = self._env.reset()
-                loop = tf.function(self._loop, autograph=False)
-                loop(tf.nest.flatten(time_step), tf.nest.flatten(self._initial_policy_state))
+                if blocks(self._env):
+                    self._python_loop(self._env.pyenv.reset())
+                else:
+                    time_step = self._env.reset()
+                    loop = tf.function(self._loop, autograph=False)
+                    loop(tf.nest.flatten(time_step),
+                         tf.nest.flatten(self._initial_policy_state))
             except Exception as e:  # pylint: disable=broad-except
                 if self._coord.should_stop():
                     return  # queues (or the env) closed by stop(): not an error
@@ -104,6 +131,39 @@ class EnvThread(threading.Thread):
                     raise self._env_error.with_traceback(
                         self._env_error.__traceback__) from None
                 raise
+
+    # ----------------------------------------------------- Python (blocking)
+
+    def _python_loop(self, time_step):
+        """The same loop as `_loop`, in Python, for environments whose step blocks."""
+        request, reply = self._actor_queue.queue, self._return_queue.queue
+        pyenv = self._env.pyenv
+        step_spec = self._queues.policy_step_spec
+        env_id = np.int32(self._index)
+        env_ids = np.arange(self._index * self._B, (self._index + 1) * self._B, dtype=np.int32)
+        flat_state = [np.asarray(t) for t in tf.nest.flatten(self._initial_policy_state)]
+        while True:
+            transitions = []
+            for _ in range(self._T):
+                request.enqueue(tf.nest.flatten(time_step) + flat_state + [env_id])
+                start = time.perf_counter()
+                flat_step = reply.dequeue()
+                self._wait.assign_add(time.perf_counter() - start)
+                if not isinstance(flat_step, list):
+                    flat_step = [flat_step]
+                policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
+                next_time_step = pyenv.step(policy_step.action)
+                transitions.append(tf.nest.flatten(trajectory_lib.Trajectory(
+                    step_type=time_step.step_type, observation=time_step.observation,
+                    action=policy_step.action, policy_info=policy_step.info,
+                    next_step_type=next_time_step.step_type, reward=next_time_step.reward,
+                    discount=next_time_step.discount)))
+                time_step = next_time_step
+                flat_state = tf.nest.flatten(policy_step.state)
+            unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
+            self._queues.log_queue.queue.enqueue(unroll)
+            self._queues.learn_queue.queue.enqueue(unroll)
+            self._steps.assign_add(self._T * self._B)
 
     # ------------------------------------------------------------------ graph
 

@@ -93,8 +93,6 @@ def run_clients(address, num_clients, seconds, steps):
 
 def serve_and_measure(client_counts, seconds, steps):
     # pylint: disable=import-outside-toplevel
-    from alf_async.environments.external_env import reserve_inter_op_threads
-    reserve_inter_op_threads(SLOTS)   # before any TensorFlow op
     import gym
     import tensorflow as tf
     from tf_agents.agents.dqn import dqn_agent

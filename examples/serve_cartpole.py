@@ -28,7 +28,7 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.environments.external_env import reserve_inter_op_threads, specs_from_gym
+from alf_async.environments.external_env import specs_from_gym
 from alf_async.replayers import UniformReplayer
 
 
@@ -122,8 +122,6 @@ def main():
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from alf_async.serving import PolicyServerEnv  # pylint: disable=import-outside-toplevel
-    # Before any TensorFlow op: every slot waiting for a client holds a thread.
-    reserve_inter_op_threads(args.slots)
 
     action_spec, observation_spec = cartpole_specs()
     agent = build_dqn(action_spec, observation_spec)

@@ -33,7 +33,6 @@ import time
 import gym
 import numpy as np
 
-from alf_async.environments.external_env import reserve_inter_op_threads
 from alf_async.environments.offline import EpisodeLogWriter, OfflineEnv
 from serve_cartpole import Learner, build_dqn, cartpole_specs
 
@@ -102,8 +101,6 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--log-dir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
-    # Before any TensorFlow op: every slot waiting for a log step holds a thread.
-    reserve_inter_op_threads(args.slots)
 
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="cartpole_logs_")
     path = os.path.join(log_dir, "scripted.jsonl")

@@ -53,7 +53,11 @@ def test_batches_are_continuous_per_env_with_stable_ids_and_exact_steps():
                   actor_queue_cap=2)
     driver.start()
     try:
+        # Env threads start at their own pace (each traces its loop first):
+        # collect until every env has contributed, and at least 12 batches.
         batches = collect(driver, 12)
+        while len(rows_by_env(batches)) < num_envs * B and len(batches) < 2000:
+            batches += collect(driver, 1)
     finally:
         driver.stop()
     for exp, env_ids, steps in batches:

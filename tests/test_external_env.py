@@ -20,7 +20,7 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import external_env
 from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
                                                  ExternalEnvStoppedError,
-                                                 TooManyEpisodesError, inter_op_pool_size,
+                                                 TooManyEpisodesError,
                                                  specs_from_gym)
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +43,7 @@ def no_external_env_threads_left():
             break
         time.sleep(0.05)
     assert not left, f"threads still alive after the test: {left}"
-    assert external_env._live_slots == 0, "slots left open (not closed by driver.stop())"
+    assert not external_env.open_slots(), "slots left open (not closed by driver.stop())"
 
 
 def policy_action(e, s, offset=0):
@@ -407,23 +407,27 @@ def test_the_filter_must_be_bound_and_made_once():
     ext.stop()
 
 
-def test_slots_beyond_tf_inter_op_pool_are_refused_instead_of_deadlocking():
-    ext = IdleEnv()
-    make_slot = ext.tf_env_factory()
-    slots = []
+def test_more_waiting_slots_than_tf_inter_op_threads_do_not_deadlock():
+    # Six slots, one client playing its episodes one after another: five slots
+    # always wait. Stepped inside the graph, each waiting slot held one of TF's
+    # inter-op threads (2 on a 2-core machine) and the driver deadlocked; the
+    # driver now steps blocking_step environments off that pool.
+    ext = ScriptedEnv([three_steps() for _ in range(7)])
+    learner_filter = ext.experience_filter()
+    driver = make_driver(ext, num_envs=6, unroll_length=1)
+    learner_filter.bind(driver)
+    driver.start()
     try:
-        with pytest.raises(RuntimeError, match=r"ExternalEnv slots in this process would hold "
-                                               r"all \d+ threads of TensorFlow's inter-op pool "
-                                               r".*reserve_inter_op_threads\("):
-            for _ in range(inter_op_pool_size() + 1):
-                slots.append(make_slot())
-        assert len(slots) == inter_op_pool_size()
+        raw, filtered = learn_until_finished(driver, learner_filter, max_batches=100)
     finally:
-        for slot in slots:   # never used by a driver: closing them frees them
-            slot.close()
-    assert not ext.stopped
-    ext.stop()
-
+        driver.stop()
+        ext.join(5)
+    # unroll_length 1: each episode's 3 in-episode transitions complete on
+    # their own (a boundary waits for the next episode on the same slot).
+    learned = [exp.observation[0, 0].tolist() for exp in filtered
+               if exp.step_type[0, 0] != 2]
+    assert sorted(learned) == [[e, s] for e in range(7) for s in range(3)]
+    assert [m.result().numpy() for m in driver.get_metrics()][:2] == [7, 21]
 
 def test_gym_spaces_convert_to_specs():
     import gym  # pylint: disable=import-outside-toplevel

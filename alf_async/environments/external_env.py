@@ -119,10 +119,10 @@ What blocks, and how it ends
 
 import collections
 import logging
-import os
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -251,78 +251,15 @@ def check_nest(value, spec, what):
     return _check_array(value, spec, what)
 
 
-# ------------------------------------------------- TF's inter-op thread pool
-#
-# A slot waits for its client inside the driver's env thread graph, in a
-# tf.numpy_function, and TensorFlow runs that op on a thread of its inter-op
-# pool, which it holds for the whole wait. K slots waiting for clients hold K
-# threads; when they hold all of them, no other graph op in the process runs
-# (actors, other env threads, training) and the driver deadlocks. Measured
-# with the default pool of this project's 2-core machine (2 threads): 3 slots
-# and one client deadlock; with K threads K slots work. Slots are therefore
-# counted per process and refused beyond the pool size; `K + 2` threads also
-# leave room for the actors and the learner's training to run while all
-# slots wait.
-
-_slots_lock = threading.Lock()
-_live_slots = 0
-
-
-def inter_op_pool_size():
-    """The number of threads of TensorFlow's inter-op pool in this process."""
-    configured = tf.config.threading.get_inter_op_parallelism_threads()
-    if configured > 0:
-        return configured
-    from_env = os.environ.get("TF_NUM_INTEROP_THREADS", "")
-    if from_env.strip().isdigit() and int(from_env) > 0:
-        return int(from_env)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def reserve_inter_op_threads(num_slots, spare=2):
-    """Makes TensorFlow's inter-op pool hold `num_slots + spare` threads at least.
-
-    Call it at the start of the program, before TensorFlow runs any op (the
-    pool is created then and cannot change after). Does nothing if the pool
-    is large enough already.
-
-    Raises:
-        RuntimeError: the pool is too small and TensorFlow already started.
-    """
-    needed = num_slots + spare
-    if inter_op_pool_size() >= needed:
-        return
-    try:
-        tf.config.threading.set_inter_op_parallelism_threads(needed)
-    except RuntimeError as e:
-        raise RuntimeError(
-            f"reserve_inter_op_threads({num_slots}) must run before TensorFlow runs any op: "
-            f"its inter-op pool already has {inter_op_pool_size()} threads") from e
-
-
-def _take_slot():
-    global _live_slots
-    with _slots_lock:
-        pool = inter_op_pool_size()
-        if _live_slots + 1 > pool:
-            raise RuntimeError(
-                f"{_live_slots + 1} ExternalEnv slots in this process would hold all {pool} "
-                f"threads of TensorFlow's inter-op pool while they wait for clients, and the "
-                f"driver would deadlock. Call alf_async.environments.external_env."
-                f"reserve_inter_op_threads({_live_slots + 1}) at the start of the program, "
-                f"before TensorFlow runs any op (or set TF_NUM_INTEROP_THREADS).")
-        _live_slots += 1
-
-
-def _release_slot():
-    global _live_slots
-    with _slots_lock:
-        _live_slots -= 1
-
-
 # --------------------------------------------------------------- internals
+
+_ALL_SLOTS = weakref.WeakSet()
+
+
+def open_slots():
+    """Slots of any ExternalEnv in this process that are not closed yet."""
+    return [slot for slot in list(_ALL_SLOTS) if not slot.closed]
+
 
 
 class _SlotClosed(Exception):
@@ -422,6 +359,12 @@ class _SlotEnv(py_environment.PyEnvironment):
     until a client provides the next step (or the ExternalEnv stops: then
     they raise). `close()` may be called by any thread.
     """
+
+    # The driver steps it from a Python loop, off TF's inter-op pool (a slot
+    # waiting for its client inside a graph held a pool thread; more waiting
+    # slots than pool threads deadlocked the driver), and closes it at once
+    # on stop. close() is safe from any thread and wakes a blocked step.
+    blocking_step = True
 
     def __init__(self, ext, index):
         super().__init__(handle_auto_reset=False)
@@ -534,8 +477,8 @@ class _Hub(object):
 
         def make_slot():
             with self._lock:
-                _take_slot()
                 slot = _SlotEnv(self, len(self._slots))
+                _ALL_SLOTS.add(slot)
                 self._slots.append(slot)
             return tf_py_environment.TFPyEnvironment(slot)
 
@@ -844,14 +787,12 @@ class _Hub(object):
         with self._lock:
             if not slot.closed:
                 slot.closed = True
-                _release_slot()
             used = slot.used
             if used:
                 # The driver closes environments only when it stops: all of them.
                 for other in self._slots:
                     if other.used and not other.closed:
                         other.closed = True
-                        _release_slot()
             elif slot in self._slots:
                 self._slots.remove(slot)
             self._notify_all_locked()

@@ -123,6 +123,10 @@ class RayBatchedEnv(py_environment.PyEnvironment):
             to spread them over nodes, e.g. {"num_cpus": 1}).
     """
 
+    # Steps wait on remote actors: the driver steps it off TF's inter-op pool
+    # and closes it at once on stop (close() is safe from any thread).
+    blocking_step = True
+
     def __init__(self, env_fn, envs_per_actor=1, actors_per_env=1, address=None,
                  num_cpus=None, step_timeout=60.0, max_restarts=10,
                  restart_window_secs=600.0, actor_options=None):

@@ -422,6 +422,10 @@ class SubprocessEnv(py_environment.PyEnvironment):
     ``start()`` + ``initialize()``, or ``create_subprocess_envs``).
     """
 
+    # Steps wait on a child process: the driver steps it off TF's inter-op
+    # pool and closes it at once on stop (close() is safe from any thread).
+    blocking_step = True
+
     def __init__(self,
                  env_fn: Callable[[], Any],
                  *,
@@ -826,6 +830,10 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment):
     in sync) and the first error is raised. Owns its environments: ``close()``
     closes them all, together. Same threading rules as SubprocessEnv.
     """
+
+    # Steps wait on a child process: the driver steps it off TF's inter-op
+    # pool and closes it at once on stop (close() is safe from any thread).
+    blocking_step = True
 
     def __init__(self, envs: Sequence[SubprocessEnv]):
         super().__init__(handle_auto_reset=False)
