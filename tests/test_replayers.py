@@ -1,0 +1,126 @@
+"""Replayers: the uniform replayer keeps one ring per environment row."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from alf_async import AsyncOffPolicyDriver
+from alf_async.replayers import OneTimeReplayer, UniformReplayer
+from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, CountingEnvFactory
+from alf_async.testing.policies import CountingPolicy
+
+SPEC = {"env": tf.TensorSpec([], tf.int32), "counter": tf.TensorSpec([], tf.int64),
+        "obs": tf.TensorSpec([2], tf.float32)}
+
+
+def _unroll(env_ids, starts, T):
+    """Rows of T steps: row i is env env_ids[i], counters starts[i] .. starts[i] + T - 1."""
+    counters = np.asarray(starts, np.int64)[:, None] + np.arange(T)[None, :]
+    return {
+        "env": np.broadcast_to(np.asarray(env_ids, np.int32)[:, None], counters.shape).copy(),
+        "counter": counters,
+        "obs": np.stack([counters, -counters], axis=-1).astype(np.float32),
+    }
+
+
+def _check_windows(sample, written, capacity, num_steps):
+    env = sample["env"].numpy()
+    counter = sample["counter"].numpy()
+    assert env.shape == counter.shape == (env.shape[0], num_steps)
+    # Never across rows.
+    assert (env == env[:, :1]).all()
+    # Consecutive steps of that row, all still held: never across the write cursor.
+    assert (np.diff(counter, axis=1) == 1).all()
+    for e, c in zip(env[:, 0], counter):
+        assert written[e] - capacity <= c[0] and c[-1] < written[e], (e, c, written[e])
+    np.testing.assert_array_equal(sample["obs"].numpy()[..., 0], counter)
+
+
+def test_uniform_rows_stay_per_env_with_subsets_duplicates_and_wraparound():
+    num_rows, capacity, T = 5, 12, 4
+    replayer = UniformReplayer(SPEC, num_rows=num_rows, capacity_per_row=capacity)
+    assert not replayer.can_sample(3)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        replayer.sample(4, 3)
+    written = np.zeros(num_rows, np.int64)
+    rng = np.random.RandomState(0)
+    for _ in range(40):
+        # A subset of the envs, in any order, sometimes one env twice in a row.
+        ids = list(rng.choice(num_rows, size=rng.randint(1, 4), replace=False))
+        if rng.rand() < 0.3:
+            ids.insert(ids.index(ids[0]) + 1, ids[0])
+        starts = []
+        for e in ids:
+            starts.append(written[e])
+            written[e] += T
+        replayer(_unroll(ids, starts, T), np.asarray(ids, np.int32))
+        if replayer.can_sample(3):
+            _check_windows(replayer.sample(64, 3), written, capacity, 3)
+    assert written.min() > capacity  # every ring wrapped
+    assert replayer.num_frames() == num_rows * capacity
+    sample = replayer.sample(2000, capacity)  # windows as long as a whole ring
+    _check_windows(sample, written, capacity, capacity)
+    # Uniform over windows: every row is sampled.
+    assert set(sample["env"].numpy()[:, 0]) == set(range(num_rows))
+
+
+def test_uniform_samples_only_rows_that_hold_a_window():
+    replayer = UniformReplayer(SPEC, num_rows=3, capacity_per_row=10)
+    replayer(_unroll([2], [0], 2), np.array([2], np.int32))
+    replayer(_unroll([0], [0], 4), np.array([0], np.int32))
+    sample = replayer.sample(200, 3)
+    assert set(sample["env"].numpy()[:, 0]) == {0}
+    _check_windows(sample, np.array([4, 0, 2]), 10, 3)
+
+
+def test_uniform_replayer_checkpoint_roundtrip(tmp_path):
+    replayer = UniformReplayer(SPEC, num_rows=2, capacity_per_row=8)
+    replayer(_unroll([1, 0], [0, 0], 5), np.array([1, 0], np.int32))
+    path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "ckpt"))
+    restored = UniformReplayer(SPEC, num_rows=2, capacity_per_row=8)
+    tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
+    assert restored.num_frames() == 10
+    _check_windows(restored.sample(50, 5), np.array([5, 5]), 8, 5)
+
+
+def test_uniform_replayer_behind_the_driver_keeps_env_rows():
+    """Real driver batches (subsets of env threads, in any order) of CountingEnvs."""
+    env_f = CountingEnvFactory(batch_size=2, episode_length=lambda i: 3 + i)
+    probe = env_f()
+    policy = CountingPolicy(probe.time_step_spec(), probe.action_spec())
+    num_envs = 3
+    replayer = UniformReplayer(policy.trajectory_spec, num_rows=num_envs * 2,
+                               capacity_per_row=16)
+    driver = AsyncOffPolicyDriver(env_f, policy, num_envs=num_envs, unroll_length=3,
+                                  learn_queue_cap=2, exp_observers=[replayer])
+    driver.start()
+    try:
+        for _ in range(12):
+            driver.run_async()
+    finally:
+        driver.stop()
+    sample = replayer.sample(500, 4)
+    obs = sample.observation.numpy()
+    # env row r of env thread i is CountingEnv index 2 + 2 * i + b (the probe took 0, 1).
+    assert (obs[..., OBS_ENV] == obs[:, :1, OBS_ENV]).all()
+    assert (np.diff(obs[..., OBS_COUNTER], axis=1) == 1).all()
+    assert len(set(obs[:, 0, OBS_ENV])) == num_envs * 2
+
+
+def test_one_time_replayer_trains_on_the_dequeued_batch_in_windows():
+    replayer = OneTimeReplayer()
+    assert not replayer.can_sample(2)
+    replayer(_unroll([3, 1], [0, 100], 5), np.array([3, 1], np.int32))
+    windows = replayer.sample(num_steps=2)
+    counter = windows["counter"].numpy()
+    assert counter.shape == (2 * 4, 2)
+    assert (np.diff(counter, axis=1) == 1).all()
+    assert sorted(counter[:, 0]) == [0, 1, 2, 3, 100, 101, 102, 103]
+    # The next batch replaces it, also inside a traced function.
+    sample = tf.function(lambda: replayer.sample(num_steps=5))
+    replayer(_unroll([0, 2], [7, 9], 5), np.array([0, 2], np.int32))
+    assert sorted(sample()["counter"].numpy()[:, 0]) == [7, 9]
+    replayer(_unroll([0, 2], [12, 14], 5), np.array([0, 2], np.int32))
+    assert sorted(sample()["counter"].numpy()[:, 0]) == [12, 14]
+    with pytest.raises(ValueError, match="unroll_length"):
+        replayer.sample(num_steps=6)

@@ -1,0 +1,180 @@
+"""The training loop end to end (in process): learner reached, summaries,
+checkpoints and resume, errors, other agents and replayers."""
+
+import functools
+import glob
+import os
+import threading
+
+import gin
+import gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from alf_async import replayers, trainer
+from alf_async.environments import gym_batch, suites
+from tf_agents.environments import tf_py_environment
+
+SMOKE_GIN = os.path.join(os.path.dirname(__file__), os.pardir, "gin_configs", "smoke.gin")
+
+TRAIN_TAGS = {
+    "Metrics/AverageReturn", "Metrics/AverageEpisodeLength", "Metrics/NumberOfEpisodes",
+    "Metrics/EnvironmentSteps", "Metrics_vs_EnvironmentSteps/AverageReturn",
+    "Metrics_vs_EnvironmentSteps/AverageEpisodeLength",
+    "Metrics_vs_NumberOfEpisodes/AverageReturn", "Learner/loss",
+    "Perf/env_steps_per_sec", "Perf/train_steps_per_sec", "Perf/action_wait_fraction",
+    "Perf/actor_inference_ms_per_batch", "Perf/actor_batch_size",
+    "Queues/learn_queue_occupancy", "Queues/actor_queue_occupancy", "Queues/log_queue_size",
+}
+
+
+@pytest.fixture
+def smoke_gin():
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([SMOKE_GIN], [])
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
+
+def read_scalars(directory):
+    """{tag: [(step, value)]} from every event file in `directory`."""
+    scalars = {}
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField(
+                    "tensor") else value.simple_value
+                scalars.setdefault(value.tag, []).append((event.step, number))
+    return scalars
+
+
+def test_smoke_run_reaches_the_learner_and_writes_everything(tmp_path, smoke_gin):
+    lines = []
+    result = trainer.train(str(tmp_path), print_fn=lines.append)
+    assert result.stopped_by == "num_iterations"
+    assert result.iterations == 40
+    assert result.env_steps == 40 * 8
+    assert result.global_step > 0
+    train = read_scalars(str(tmp_path / "train"))
+    assert TRAIN_TAGS <= set(train), TRAIN_TAGS - set(train)
+    losses = [v for _, v in train["Learner/loss"]]
+    assert losses and all(np.isfinite(losses))
+    assert max(v for _, v in train["Metrics/EnvironmentSteps"]) > 0
+    assert "Env/restarts" not in train  # gym envs have no restarts
+    evaluation = read_scalars(str(tmp_path / "eval"))
+    assert {"Metrics/AverageReturn", "Metrics/AverageEpisodeLength"} <= set(evaluation)
+    assert len(result.evaluations) == result.global_step // 20
+    assert glob.glob(str(tmp_path / "operative_config-*.gin"))
+    config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
+    assert "train.num_envs = 2" in config
+    assert tf.train.latest_checkpoint(str(tmp_path / "train")).endswith(
+        f"ckpt-{result.global_step}")
+    assert any("iteration" in line and "env steps" in line and "loss" in line for line in lines)
+
+
+def test_checkpoint_resume_continues_counters(tmp_path, smoke_gin):
+    first = trainer.train(str(tmp_path), num_iterations=12, print_fn=lambda line: None)
+    assert first.global_step > 0
+    lines = []
+    second = trainer.train(str(tmp_path), num_iterations=20, print_fn=lines.append)
+    assert any("resumed" in line for line in lines)
+    assert second.iterations == 20
+    assert second.env_steps == 20 * 8
+    # 8 more iterations, all past initial collection: 2 train steps each.
+    assert second.global_step == first.global_step + 8 * 2
+    steps = [s for s, _ in read_scalars(str(tmp_path / "train"))["Metrics/EnvironmentSteps"]]
+    env_steps = [v for _, v in read_scalars(str(tmp_path / "train"))["Metrics/EnvironmentSteps"]]
+    assert steps == sorted(steps) and env_steps == sorted(env_steps)
+    assert env_steps[-1] > env_steps[0]
+    # A finished run resumed again stops at once, without training.
+    third = trainer.train(str(tmp_path), num_iterations=20, print_fn=lambda line: None)
+    assert (third.global_step, third.iterations) == (second.global_step, 20)
+
+
+def test_stop_event_stops_cleanly_with_a_checkpoint(tmp_path, smoke_gin):
+    stop = threading.Event()
+    stop.set()
+    result = trainer.train(str(tmp_path), num_iterations=10**6, print_fn=lambda line: None,
+                           stop_event=stop)
+    assert result.stopped_by == "stop_event"
+    assert tf.train.latest_checkpoint(str(tmp_path / "train")) is not None
+
+
+class _FailingCartPole(gym.Wrapper):
+    def __init__(self, env, fail_at):
+        super().__init__(env)
+        self._steps, self._fail_at = 0, fail_at
+
+    def step(self, action):
+        self._steps += 1
+        if self._steps >= self._fail_at:
+            raise KeyError("injected env failure")
+        return self.env.step(action)
+
+
+def test_a_crash_in_an_env_thread_raises_the_original_error_after_stopping(tmp_path,
+                                                                          smoke_gin):
+    suites.register_suite("failing_gym", lambda name, batch_size, seed: (
+        tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
+            [_FailingCartPole(gym.make(name), 50) for _ in range(batch_size)], seed=seed))))
+    before = set(threading.enumerate())
+    with pytest.raises(KeyError, match="injected env failure"):
+        trainer.train(str(tmp_path), suite="failing_gym", num_iterations=10**6,
+                      num_eval_episodes=0, print_fn=lambda line: None)
+    leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not leftover, leftover
+
+
+def test_bad_values_fail_before_anything_starts(tmp_path, smoke_gin):
+    with pytest.raises(trainer.ConfigError, match="train.num_iterations"):
+        trainer.train(str(tmp_path), num_iterations=-1)
+    with pytest.raises(trainer.ConfigError, match="num_iterations or train.num_env_steps"):
+        trainer.train(str(tmp_path), num_iterations=None)
+    with pytest.raises(trainer.ConfigError, match="unknown environment suite 'nope'"):
+        trainer.train(str(tmp_path), suite="nope")
+    with pytest.raises(trainer.ConfigError, match="NoSuchEnv-v0"):
+        trainer.train(str(tmp_path), env_name="NoSuchEnv-v0")
+    assert not os.path.exists(tmp_path / "train" / "checkpoint")
+
+
+def test_environment_restarts_are_summarised(tmp_path, smoke_gin):
+    def make_env_f(suite, env_name, batch_size, seed):
+        inner = suites.make_env_f(suite, env_name, batch_size=batch_size, seed=seed)
+
+        def env_f():
+            env = inner()
+            env.restarts = 3
+            return env
+        return env_f
+
+    trainer.train(str(tmp_path), make_env_f=make_env_f, num_iterations=12,
+                  print_fn=lambda line: None)
+    restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
+    assert restarts[-1][1] == 3 * 2  # two env threads
+
+
+def test_one_time_replayer_reaches_the_learner(tmp_path, smoke_gin):
+    result = trainer.train(str(tmp_path), replayer_fn=replayers.OneTimeReplayer,
+                           num_iterations=10, train_steps_per_iteration=1,
+                           print_fn=lambda line: None)
+    assert result.global_step == 10 - 32 // 8 + 1
+
+
+def test_sac_plugs_in(tmp_path):
+    agent_fn = functools.partial(trainer.sac_agent, actor_fc_layer_params=(16,),
+                                 critic_joint_fc_layer_params=(16,))
+    result = trainer.train(str(tmp_path), env_name="Pendulum-v1", agent_fn=agent_fn,
+                           num_iterations=6, unroll_length=4, initial_collect_steps=8,
+                           sample_batch_size=8, num_eval_episodes=1, eval_interval=4,
+                           print_fn=lambda line: None)
+    assert result.global_step == 5
+    losses = [v for _, v in read_scalars(str(tmp_path / "train"))["Learner/loss"]]
+    assert losses and np.isfinite(losses).all()
+    assert "Learner/critic_loss" in read_scalars(str(tmp_path / "train"))
