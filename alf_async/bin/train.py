@@ -46,7 +46,10 @@ def build_parser():
 
 
 def _one_line(error):
-    return " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    # gin appends "In call to configurable 'x' (<function ...>)" lines: the
+    # message already names the binding.
+    return " | ".join(line.strip() for line in str(error).splitlines()
+                      if line.strip() and not line.strip().startswith("In call to configurable"))
 
 
 def parse_gin(gin_files, gin_params):
