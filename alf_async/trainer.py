@@ -49,6 +49,10 @@ from alf_async import replayers
 
 logger = logging.getLogger(__name__)
 
+# tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
+for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
+    gin.external_configurable(_loss_fn, module="tf_agents.utils.common")
+
 # ---------------------------------------------------------------------- agents
 # Builders for the agent_fn of train(): they make the networks and optimizers
 # a tf-agents agent needs from the specs; every other agent argument is
@@ -58,7 +62,7 @@ logger = logging.getLogger(__name__)
 @gin.configurable
 def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(64, 64),
               learning_rate=1e-3, epsilon_greedy=0.1, epsilon_final=None,
-              epsilon_decay_steps=0, agent_class=dqn_agent_lib.DqnAgent):
+              epsilon_decay_steps=0, agent_class=dqn_agent_lib.DqnAgent, agent_kwargs=None):
     """A DqnAgent (or `agent_class`, e.g. DdqnAgent) with a QNetwork and Adam.
 
     Args:
@@ -73,6 +77,8 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             reads the counter, so running actors follow the decay).
         epsilon_decay_steps: length of the decay in train steps.
         agent_class: the tf-agents agent class.
+        agent_kwargs: more arguments of `agent_class` (in gin, bind them on the
+            class instead: `DqnAgent.n_step_update = 3`).
     """
     q_net = q_network.QNetwork(time_step_spec.observation, action_spec,
                                fc_layer_params=tuple(fc_layer_params))
@@ -86,7 +92,8 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
 
     return agent_class(time_step_spec, action_spec, q_network=q_net,
                        optimizer=tf.keras.optimizers.Adam(learning_rate),
-                       epsilon_greedy=epsilon, train_step_counter=train_step_counter)
+                       epsilon_greedy=epsilon, train_step_counter=train_step_counter,
+                       **(agent_kwargs or {}))
 
 
 @gin.configurable
@@ -259,6 +266,13 @@ class _Counters(tf.Module):
         self.env_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="env_steps")
 
 
+def one_line(error):
+    """An error message on one line, without gin's "In call to configurable" lines
+    (the message already names the binding)."""
+    return " | ".join(line.strip() for line in str(error).splitlines()
+                      if line.strip() and not line.strip().startswith("In call to configurable"))
+
+
 class ConfigError(ValueError):
     """A bad `train()` argument, found before anything is built."""
 
@@ -383,8 +397,7 @@ def train(root_dir,
                        learn_queue_cap, num_eval_episodes, seed)
     except (ValueError, TypeError) as e:
         # Nothing has started yet: a bad name, spec or queue configuration.
-        raise ConfigError(" | ".join(
-            line.strip() for line in str(e).splitlines() if line.strip())) from e
+        raise ConfigError(one_line(e)) from e
     agent, driver, replayer, eval_env, checkpointer, counters, global_step = built
     try:
         if checkpointer.checkpoint_exists:

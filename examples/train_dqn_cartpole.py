@@ -1,0 +1,82 @@
+"""DQN on CartPole-v0 with alf_async's Python API: no CLI, no gin.
+
+Part 1 calls the same `train()` the CLI calls, with plain arguments (the
+values of gin_configs/dqn_cartpole.gin). Part 2 wires the pieces by hand —
+environments, agent, replayer, driver — to show what `train()` does in each
+iteration and that the driver must be stopped on every exit path.
+
+    python examples/train_dqn_cartpole.py [--root_dir /tmp/alf_async_dqn_cartpole] [--by_hand]
+"""
+
+import argparse
+import functools
+
+import tensorflow as tf
+from tf_agents.agents.dqn import dqn_agent
+from tf_agents.utils import common
+
+from alf_async import AsyncOffPolicyDriver, replayers, trainer
+from alf_async.environments import suites
+
+
+def with_train(root_dir):
+    """Part 1: the training loop, checkpoints, summaries and evaluation of `train()`."""
+    agent_fn = functools.partial(
+        trainer.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
+        learning_rate=5e-4, epsilon_greedy=1.0, epsilon_final=0.05, epsilon_decay_steps=1000,
+        agent_kwargs=dict(n_step_update=3, target_update_tau=0.005))  # DqnAgent's own
+    result = trainer.train(
+        root_dir, env_name="CartPole-v0", agent_fn=agent_fn,
+        replayer_fn=functools.partial(replayers.UniformReplayer, capacity_per_row=3000),
+        num_envs=1, env_batch_size=32, unroll_length=8, learn_queue_cap=1,
+        initial_collect_steps=1000, train_steps_per_iteration=16, sample_batch_size=64,
+        num_env_steps=2000000, eval_interval=250, num_eval_episodes=10,
+        stop_at_eval_return=195.0, seed=1)
+    print(f"solved after {result.solved_secs} s; train step {result.global_step}, "
+          f"{result.env_steps} env steps; run again to resume from {root_dir}")
+
+
+def by_hand(num_iterations=300):
+    """Part 2: the driver and a replayer without the trainer."""
+    env_f = suites.make_env_f("suite_gym", "CartPole-v0", batch_size=8, seed=1)
+    spec_env = suites.load("suite_gym", "CartPole-v0")
+    global_step = tf.Variable(0, dtype=tf.int64)
+    agent = trainer.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(), global_step)
+    agent.initialize()
+    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=2 * 8,
+                                         capacity_per_row=2000)
+    # Two env threads of 8 CartPoles each; the actor acts with the agent's
+    # collect policy, whose variables the learner updates as it trains.
+    driver = AsyncOffPolicyDriver(env_f, agent.collect_policy, num_envs=2, unroll_length=8,
+                                  exp_observers=[replayer])
+    train_step = common.function(
+        lambda: agent.train(replayer.sample(64, agent.train_sequence_length)))
+    loss = None
+    driver.start()
+    try:
+        for iteration in range(num_iterations):
+            driver.run_async()  # one unroll [8 envs, 8 steps] -> the replayer
+            if replayer.num_frames() >= 500:
+                loss = float(train_step().loss)
+            if iteration % 50 == 0:
+                average_return = driver.get_metrics()[2].result()
+                print(f"iteration {iteration}: AverageReturn {float(average_return):.1f}")
+    finally:
+        driver.stop()  # always: it stops the threads and closes the environments
+        spec_env.close()
+    print(f"trained {int(global_step)} steps, last loss {loss}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root_dir", default="/tmp/alf_async_dqn_cartpole")
+    parser.add_argument("--by_hand", action="store_true", help="run part 2 instead")
+    args = parser.parse_args()
+    if args.by_hand:
+        by_hand()
+    else:
+        with_train(args.root_dir)
+
+
+if __name__ == "__main__":
+    main()
