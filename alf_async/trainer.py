@@ -146,6 +146,10 @@ class Evaluator(object):
     def num_episodes(self):
         return self._env.batch_size
 
+    def trace(self):
+        """Builds the evaluation graph without running it."""
+        self._run.get_concrete_function()
+
     def __call__(self):
         """Returns (average return, average episode length) over the B episodes."""
         returns, lengths = self._run()
@@ -512,6 +516,7 @@ class _Loop(object):
         self.driver.start()
         stopped_by = None
         try:
+            self._trace()
             with tf.summary.record_if(
                     lambda: tf.equal(self.global_step % self.summary_interval, 0)):
                 with self.train_writer.as_default():
@@ -529,6 +534,15 @@ class _Loop(object):
         return TrainResult(int(self.global_step), int(self.counters.env_steps),
                            int(self.counters.iterations), stopped_by, self._evaluations,
                            self._solved_secs)
+
+    def _trace(self):
+        """Traces the train step and the evaluation while the env threads
+        trace their loops and collect the first unrolls, instead of after
+        (~0.7 s of a ~2 s CartPole solve)."""
+        with tf.summary.record_if(False):
+            self._train_step.get_concrete_function()
+        if self.evaluator is not None:
+            self.evaluator.trace()
 
     def _stop_driver_after_error(self):
         try:

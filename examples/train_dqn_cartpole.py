@@ -24,7 +24,9 @@ def with_train(root_dir):
     agent_fn = functools.partial(
         trainer.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
         learning_rate=5e-4, epsilon_greedy=1.0, epsilon_final=0.05, epsilon_decay_steps=1000,
-        agent_kwargs=dict(n_step_update=3, target_update_tau=0.005))  # DqnAgent's own
+        # DqnAgent's own arguments (in gin: DqnAgent.n_step_update = 3, ...).
+        agent_kwargs=dict(n_step_update=3, target_update_tau=0.005,
+                          td_errors_loss_fn=common.element_wise_squared_loss))
     result = trainer.train(
         root_dir, env_name="CartPole-v0", agent_fn=agent_fn,
         replayer_fn=functools.partial(replayers.UniformReplayer, capacity_per_row=3000),
