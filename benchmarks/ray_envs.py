@@ -9,11 +9,13 @@ queue of capacity 2, unroll 16, DQN collect policy) collects from:
   ray 1 actor     1 Ray actor of 4 envs, one remote call per batch step
 
 for CartPole-v0 (a ~4 us step) and CartPole-v0 whose step sleeps 5 ms (a
-simulated simulator), on a local Ray. The learner only dequeues. TF gets
---inter_op_threads inter-op threads (default 16; each env thread's blocking
-env step holds one, see AsyncOffPolicyDriver's warning).
+simulated simulator), on a local Ray. The learner only dequeues.
+SubprocessEnv and Ray environments declare blocking_step, so their env
+threads step them off TF's inter-op pool; the in-process rows step inside
+the graph, where each step holds an inter-op thread (--inter_op_threads,
+0 = TF's default, one per core).
 
-    RAY_AUTH_MODE=disabled python benchmarks/ray_envs.py [--seconds 5] [--inter_op_threads 16]
+    RAY_AUTH_MODE=disabled python benchmarks/ray_envs.py [--seconds 5] [--inter_op_threads 0]
 """
 
 import argparse
@@ -64,9 +66,10 @@ def rate(env_f, policy, seconds):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--inter_op_threads", type=int, default=16)
+    parser.add_argument("--inter_op_threads", type=int, default=0)
     args = parser.parse_args()
-    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     policy = collect_policy(tf_py_environment.TFPyEnvironment(
         BatchedGymEnv([cartpole() for _ in range(ENVS_PER_THREAD)])))
     env_fns = {"CartPole-v0": cartpole,
@@ -89,7 +92,8 @@ def main():
             print(f"{env_name:26s} {kind:22s} {r:9.0f} steps/s", flush=True)
     ray_env.shutdown()
     print(f"\n{ENV_THREADS} env threads x {ENVS_PER_THREAD} envs, local Ray, "
-          f"{os.cpu_count()} CPUs, {args.inter_op_threads} TF inter-op threads")
+          f"{os.cpu_count()} CPUs, TF inter-op threads: "
+          f"{args.inter_op_threads or 'default'}")
     print(f"{'environment':26s} {'where':22s} {'steps/s':>9s}")
     for env_name, kind, r in rows:
         print(f"{env_name:26s} {kind:22s} {r:9.0f}")
