@@ -49,6 +49,9 @@ class OneTimeReplayer(tf.Module):
     twice trains twice on the same batch.
     """
 
+    # Its variables are made at the first batch: `sample` cannot be traced before.
+    traceable_before_data = False
+
     def __init__(self, data_spec=None, num_rows=None, name="one_time_replayer"):
         """
         Args:
@@ -115,6 +118,9 @@ class UniformReplayer(tf.Module):
     storage is `tf.Variable`s, so a `tf.train.Checkpoint` (or tf-agents'
     `Checkpointer(replay_buffer=...)`) saves and restores it.
     """
+
+    # `sample` can be traced before any data arrives (it fails only when run).
+    traceable_before_data = True
 
     def __init__(self, data_spec, num_rows, capacity_per_row=10000, name="uniform_replayer"):
         """

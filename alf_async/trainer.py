@@ -516,10 +516,11 @@ class _Loop(object):
         self.driver.start()
         stopped_by = None
         try:
-            self._trace()
+            # The agent's own summaries (tf-agents' Losses/...) every summary_interval.
             with tf.summary.record_if(
                     lambda: tf.equal(self.global_step % self.summary_interval, 0)):
                 with self.train_writer.as_default():
+                    self._trace()
                     stopped_by = self._loop()
         except DriverStoppedError:
             if self.stop_event is None or not self.stop_event.is_set():
@@ -539,7 +540,7 @@ class _Loop(object):
         """Traces the train step and the evaluation while the env threads
         trace their loops and collect the first unrolls, instead of after
         (~0.7 s of a ~2 s CartPole solve)."""
-        with tf.summary.record_if(False):
+        if getattr(self.replayer, "traceable_before_data", False):
             self._train_step.get_concrete_function()
         if self.evaluator is not None:
             self.evaluator.trace()

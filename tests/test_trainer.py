@@ -22,7 +22,7 @@ TRAIN_TAGS = {
     "Metrics/AverageReturn", "Metrics/AverageEpisodeLength", "Metrics/NumberOfEpisodes",
     "Metrics/EnvironmentSteps", "Metrics_vs_EnvironmentSteps/AverageReturn",
     "Metrics_vs_EnvironmentSteps/AverageEpisodeLength",
-    "Metrics_vs_NumberOfEpisodes/AverageReturn", "Learner/loss",
+    "Metrics_vs_NumberOfEpisodes/AverageReturn", "Learner/loss", "Losses/total_loss",
     "Perf/env_steps_per_sec", "Perf/train_steps_per_sec", "Perf/action_wait_fraction",
     "Perf/actor_inference_ms_per_batch", "Perf/actor_batch_size",
     "Queues/learn_queue_occupancy", "Queues/actor_queue_occupancy", "Queues/log_queue_size",
