@@ -45,11 +45,7 @@ def build_parser():
     return parser
 
 
-def _one_line(error):
-    # gin appends "In call to configurable 'x' (<function ...>)" lines: the
-    # message already names the binding.
-    return " | ".join(line.strip() for line in str(error).splitlines()
-                      if line.strip() and not line.strip().startswith("In call to configurable"))
+_one_line = trainer.one_line
 
 
 def parse_gin(gin_files, gin_params):
