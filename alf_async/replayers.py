@@ -162,10 +162,14 @@ class UniformReplayer(tf.Module):
         """Appends each row of `exp` [N, T, ...] to the ring of its env id."""
         tf.nest.assert_same_structure(self._spec, exp)
         T = tf.nest.flatten(exp)[0].shape[1]
-        if T > self._capacity:
-            raise ValueError(f"an unroll of {T} steps does not fit a row of capacity "
-                             f"{self._capacity}")
-        self._add(exp, tf.convert_to_tensor(env_ids, tf.int32))
+        env_ids = tf.convert_to_tensor(env_ids, tf.int32)
+        most = int(np.bincount(env_ids.numpy()).max()) * T
+        if most > self._capacity:
+            # Two writes to one slot in one scatter would land in any order.
+            raise ValueError(f"a batch brings {most} steps to one env row, more than "
+                             f"capacity_per_row={self._capacity}: raise capacity_per_row to "
+                             f"at least learn_queue_cap * unroll_length")
+        self._add(exp, env_ids)
 
     def _add_graph(self, exp, env_ids):
         T = tf.shape(tf.nest.flatten(exp)[0], out_type=tf.int64)[1]

@@ -64,6 +64,12 @@ def test_uniform_rows_stay_per_env_with_subsets_duplicates_and_wraparound():
     assert set(sample["env"].numpy()[:, 0]) == set(range(num_rows))
 
 
+def test_uniform_refuses_a_batch_larger_than_a_row():
+    replayer = UniformReplayer(SPEC, num_rows=2, capacity_per_row=6)
+    with pytest.raises(ValueError, match="capacity_per_row=6"):
+        replayer(_unroll([1, 1], [0, 4], 4), np.array([1, 1], np.int32))
+
+
 def test_uniform_samples_only_rows_that_hold_a_window():
     replayer = UniformReplayer(SPEC, num_rows=3, capacity_per_row=10)
     replayer(_unroll([2], [0], 2), np.array([2], np.int32))
