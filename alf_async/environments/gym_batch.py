@@ -164,3 +164,38 @@ def load_batched(name, batch_size, seed=None, max_episode_steps=None):
         return env
 
     return BatchedGymEnv([make() for _ in range(batch_size)], seed=seed)
+
+
+class SingleGymEnv(py_environment.PyEnvironment):
+    """One gym or gymnasium environment as an unbatched PyEnvironment, with
+    BatchedGymEnv's semantics (it is a BatchedGymEnv of one, unbatched), for
+    places that want one environment each: SubprocessEnv children, Ray actors.
+
+    Args:
+        env: a gym or gymnasium environment.
+        seed: the seed of its first reset.
+    """
+
+    def __init__(self, env, seed=None):
+        super().__init__(handle_auto_reset=False)
+        self._batched = BatchedGymEnv([env], seed=seed)
+
+    def observation_spec(self):
+        return self._batched.observation_spec()
+
+    def action_spec(self):
+        return self._batched.action_spec()
+
+    def _reset(self):
+        return _first_row(self._batched.reset())
+
+    def _step(self, action):
+        return _first_row(self._batched.step(np.expand_dims(np.asarray(action), 0)))
+
+    def close(self):
+        self._batched.close()
+
+
+def _first_row(time_step):
+    import tensorflow as tf
+    return tf.nest.map_structure(lambda x: x[0], time_step)

@@ -31,6 +31,7 @@ needs typing-extensions >= 4.14, which tf-agents 0.19's pin forbids).
 """
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -80,9 +81,15 @@ def shutdown():
 class _EnvActor(object):
     """Runs inside a Ray actor: `n` environments built by `env_fn`, stepped as a batch."""
 
-    def __init__(self, env_fn, n):
+    def __init__(self, env_fn, n, first_index=0):
+        from alf_async.environments import subprocess_env
         from alf_async.environments.gym_batch import BatchedGymEnv
-        envs = [env_fn() for _ in range(n)]
+        envs = []
+        for i in range(n):
+            # env_fn may read its index with current_env_index(), as in a
+            # SubprocessEnv child (e.g. for its own seed).
+            subprocess_env._CURRENT_ENV_INDEX = first_index + i
+            envs.append(env_fn())
         if all(isinstance(e, py_environment.PyEnvironment) for e in envs):
             self._env = batched_py_environment.BatchedPyEnvironment(envs, multithreading=False)
         else:  # gym / gymnasium environments: the cheap batched loop
@@ -118,6 +125,8 @@ class RayBatchedEnv(py_environment.PyEnvironment):
             treated as lost and replaced.
         max_restarts, restart_window_secs: more than `max_restarts` actor
             restarts within `restart_window_secs` raise RayEnvCrashError.
+        first_env_index: environment i of actor k gets the index
+            first_env_index + k * envs_per_actor + i (`current_env_index()`).
         actor_options: Ray actor options (default {"num_cpus": 0}: env actors
             are scheduled whatever the CPU count; on a cluster, ask for CPUs
             to spread them over nodes, e.g. {"num_cpus": 1}).
@@ -129,20 +138,21 @@ class RayBatchedEnv(py_environment.PyEnvironment):
 
     def __init__(self, env_fn, envs_per_actor=1, actors_per_env=1, address=None,
                  num_cpus=None, step_timeout=60.0, max_restarts=10,
-                 restart_window_secs=600.0, actor_options=None):
+                 restart_window_secs=600.0, actor_options=None, first_env_index=0):
         super().__init__(handle_auto_reset=False)
         ensure_ray(address, num_cpus)
         self._closed = False
         self._env_fn = env_fn
         self._actor_options = dict(actor_options or {"num_cpus": 0})
         self._n = envs_per_actor
+        self._first_index = first_env_index
         self._step_timeout = step_timeout
         self._max_restarts = max_restarts
         self._window = restart_window_secs
         self._restart_times = collections.deque()
         self.restarts = 0
         try:
-            self._actors = [self._new_actor() for _ in range(actors_per_env)]
+            self._actors = [self._new_actor(k) for k in range(actors_per_env)]
             self._time_step_spec, self._action_spec = ray.get(
                 self._actors[0].specs.remote(), timeout=step_timeout)
         except BaseException:
@@ -151,8 +161,9 @@ class RayBatchedEnv(py_environment.PyEnvironment):
         self._last = None            # the last TimeStep returned, for truncations
         self._pending_first = {}     # actor index -> FIRST TimeStep of its replacement
 
-    def _new_actor(self):
-        return _RemoteEnvActor.options(**self._actor_options).remote(self._env_fn, self._n)
+    def _new_actor(self, k):
+        return _RemoteEnvActor.options(**self._actor_options).remote(
+            self._env_fn, self._n, self._first_index + k * self._n)
 
     @property
     def batched(self):
@@ -220,7 +231,7 @@ class RayBatchedEnv(py_environment.PyEnvironment):
             ray.kill(self._actors[k])
         except Exception:  # already gone
             pass
-        self._actors[k] = self._new_actor()
+        self._actors[k] = self._new_actor(k)
         self._pending_first[k] = ray.get(self._actors[k].reset.remote(),
                                          timeout=self._step_timeout)
         rows = slice(k * self._n, (k + 1) * self._n)
@@ -264,18 +275,23 @@ def ray_env_f(env_fn, envs_per_actor=1, actors_per_env=1, address=None, num_cpus
               **kwargs):
     """The driver's env_f for environments in Ray actors.
 
-    Starts or joins Ray now, in the calling thread (see `ensure_ray`). Each
-    call of the returned env_f gives a `TFPyEnvironment` over a
+    Starts or joins Ray now, in the calling thread (see `ensure_ray`). The
+    environments get indices 0, 1, 2, ... in call order (`current_env_index()`
+    inside env_fn). Each call of the returned env_f gives a `TFPyEnvironment` over a
     `RayBatchedEnv` (batch size `envs_per_actor * actors_per_env`);
     `tf_env.restarts` counts its actor restarts. See `RayBatchedEnv` for the
     other arguments.
     """
     ensure_ray(address, num_cpus)
+    indices = itertools.count(0, envs_per_actor * actors_per_env)
+    lock = threading.Lock()
 
     def env_f():
+        with lock:
+            first = next(indices)
         env = RayBatchedEnv(env_fn, envs_per_actor=envs_per_actor,
                             actors_per_env=actors_per_env, address=address,
-                            num_cpus=num_cpus, **kwargs)
+                            num_cpus=num_cpus, first_env_index=first, **kwargs)
         tf_env = tf_py_environment.TFPyEnvironment(env)
         return tf_env
 

@@ -14,6 +14,7 @@ whole (`train.make_env_f = @my_env_f`).
 suite_gym semantics; see gym_batch.py for why not suite_gym itself).
 """
 
+import functools
 import itertools
 import threading
 
@@ -47,6 +48,91 @@ def _load_gym(env_name, batch_size, seed, max_episode_steps=None):
 
 
 register_suite("suite_gym", _load_gym)
+
+
+def _load_gymnasium(env_name, batch_size, seed, max_episode_steps=None):
+    # gymnasium is an extra (pip install -e '.[gymnasium]'): imported on use.
+    try:
+        import gymnasium
+    except ImportError:
+        raise ValueError("suite_gymnasium needs gymnasium: pip install -e '.[gymnasium]'") \
+            from None
+    from alf_async.environments import gym_batch
+    try:
+        gymnasium.spec(env_name)
+    except gymnasium.error.Error as e:
+        raise ValueError(f"suite_gymnasium: unknown gymnasium environment {env_name!r} "
+                         f"({e})") from None
+    kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+    return tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
+        [gymnasium.make(env_name, **kwargs) for _ in range(batch_size)], seed=seed))
+
+
+register_suite("suite_gymnasium", _load_gymnasium)
+
+
+def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
+    """One unbatched PyEnvironment of `suite` (suite_gym or suite_gymnasium).
+
+    Runs inside a SubprocessEnv child or a Ray actor, where
+    `subprocess_env.current_env_index()` (or `index`) offsets the seed so that
+    every environment gets its own.
+    """
+    from alf_async.environments import gym_batch, subprocess_env
+    index = subprocess_env.current_env_index() or 0
+    seed = None if seed is None else seed + index
+    if suite == "suite_gym":
+        import gym
+        env = gym.make(env_name)
+        if max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env.unwrapped, max_episode_steps)
+    elif suite == "suite_gymnasium":
+        import gymnasium
+        kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+        env = gymnasium.make(env_name, **kwargs)
+    else:
+        raise ValueError(f"make_single_env: suite {suite!r} is not suite_gym or "
+                         f"suite_gymnasium")
+    return gym_batch.SingleGymEnv(env, seed=seed)
+
+
+@gin.configurable
+def make_subprocess_env_f(suite, env_name, batch_size=1, seed=None, max_episode_steps=None,
+                          **subprocess_kwargs):
+    """Like `make_env_f`, with every environment in its own child process.
+
+    Each env thread gets a TFEnvironment over `batch_size` SubprocessEnvs
+    (stepped concurrently). gin: `train.make_env_f = @make_subprocess_env_f`;
+    `make_subprocess_env_f.step_timeout`, `.max_restarts`, ... go to
+    SubprocessEnv.
+    """
+    if suite not in ("suite_gym", "suite_gymnasium"):
+        raise ValueError(f"make_subprocess_env_f: suite {suite!r} is not suite_gym or "
+                         f"suite_gymnasium")
+    from alf_async.environments.subprocess_env import subprocess_env_f
+    return subprocess_env_f(
+        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps),
+        num_envs=batch_size, **subprocess_kwargs)
+
+
+@gin.configurable
+def make_ray_env_f(suite, env_name, batch_size=1, seed=None, max_episode_steps=None,
+                   actors_per_env=1, **ray_kwargs):
+    """Like `make_env_f`, with the environments inside Ray actors.
+
+    Each env thread gets a TFEnvironment over `actors_per_env` actors of
+    `batch_size // actors_per_env` environments. gin: `train.make_env_f =
+    @make_ray_env_f`; `make_ray_env_f.address`, `.num_cpus`, `.actor_options`,
+    ... go to `ray_env_f`.
+    """
+    if batch_size % actors_per_env:
+        raise ValueError(f"make_ray_env_f: batch_size {batch_size} is not a multiple of "
+                         f"actors_per_env {actors_per_env}")
+    from alf_async.environments.ray_env import ray_env_f
+    return ray_env_f(functools.partial(make_single_env, suite, env_name, seed,
+                                       max_episode_steps),
+                     envs_per_actor=batch_size // actors_per_env,
+                     actors_per_env=actors_per_env, **ray_kwargs)
 
 
 @gin.configurable
