@@ -153,11 +153,8 @@ class EnvThread(threading.Thread):
                     flat_step = [flat_step]
                 policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
                 next_time_step = pyenv.step(policy_step.action)
-                transitions.append(tf.nest.flatten(trajectory_lib.Trajectory(
-                    step_type=time_step.step_type, observation=time_step.observation,
-                    action=policy_step.action, policy_info=policy_step.info,
-                    next_step_type=next_time_step.step_type, reward=next_time_step.reward,
-                    discount=next_time_step.discount)))
+                transitions.append(tf.nest.flatten(
+                    trajectory_lib.from_transition(time_step, policy_step, next_time_step)))
                 time_step = next_time_step
                 flat_state = tf.nest.flatten(policy_step.state)
             unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
@@ -213,11 +210,8 @@ class EnvThread(threading.Thread):
             state = tf.nest.pack_sequence_as(self._state_spec, flat_state)
             policy_step = self._act(time_step, state)
             next_time_step = self._env_step(policy_step.action)
-            transitions.append(tf.nest.flatten(trajectory_lib.Trajectory(
-                step_type=time_step.step_type, observation=time_step.observation,
-                action=policy_step.action, policy_info=policy_step.info,
-                next_step_type=next_time_step.step_type, reward=next_time_step.reward,
-                discount=next_time_step.discount)))
+            transitions.append(tf.nest.flatten(
+                trajectory_lib.from_transition(time_step, policy_step, next_time_step)))
             flat_time_step = tf.nest.flatten(next_time_step)
             flat_state = tf.nest.flatten(policy_step.state)
         flat_traj = [tf.stack(leaves, axis=1) for leaves in zip(*transitions)]

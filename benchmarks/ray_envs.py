@@ -26,26 +26,16 @@ import time
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import tensorflow as tf  # noqa: E402
-from tf_agents.agents.dqn import dqn_agent  # noqa: E402
 from tf_agents.environments import tf_py_environment  # noqa: E402
-from tf_agents.networks import q_network  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments import ray_env  # noqa: E402
 from alf_async.environments.gym_batch import BatchedGymEnv  # noqa: E402
 from alf_async.environments.subprocess_env import subprocess_env_f  # noqa: E402
 from alf_async.testing.envs import cartpole, slow_cartpole  # noqa: E402
+from alf_async.testing.policies import dqn_collect_policy  # noqa: E402
 
 ENV_THREADS, ENVS_PER_THREAD = 4, 4
-
-
-def collect_policy(tf_env):
-    q_net = q_network.QNetwork(tf_env.observation_spec(), tf_env.action_spec(),
-                               fc_layer_params=(64, 64))
-    agent = dqn_agent.DqnAgent(tf_env.time_step_spec(), tf_env.action_spec(), q_network=q_net,
-                               optimizer=tf.keras.optimizers.Adam(1e-3))
-    agent.initialize()
-    return agent.collect_policy
 
 
 def rate(env_f, policy, seconds):
@@ -70,7 +60,7 @@ def main():
     args = parser.parse_args()
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
-    policy = collect_policy(tf_py_environment.TFPyEnvironment(
+    policy = dqn_collect_policy(tf_py_environment.TFPyEnvironment(
         BatchedGymEnv([cartpole() for _ in range(ENVS_PER_THREAD)])))
     env_fns = {"CartPole-v0": cartpole,
                "CartPole-v0 + 5 ms step": functools.partial(slow_cartpole, 0.005)}

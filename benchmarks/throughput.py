@@ -20,28 +20,20 @@ import statistics
 import time
 
 import gym
-import tensorflow as tf
-from tf_agents.agents.dqn import dqn_agent
 from tf_agents.drivers import dynamic_step_driver
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
-from tf_agents.networks import q_network
 from tf_agents.utils import common
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.gym_batch import BatchedGymEnv
+from alf_async.testing.policies import dqn_collect_policy
 
 ENV = "CartPole-v0"
 NUM_ENVS, ENV_THREADS = 64, 4
 
 
 def make_policy():
-    env = tf_py_environment.TFPyEnvironment(suite_gym.load(ENV))
-    q_net = q_network.QNetwork(env.observation_spec(), env.action_spec(),
-                               fc_layer_params=(64, 64))
-    agent = dqn_agent.DqnAgent(env.time_step_spec(), env.action_spec(), q_network=q_net,
-                               optimizer=tf.keras.optimizers.Adam(1e-3))
-    agent.initialize()
-    return agent.collect_policy
+    return dqn_collect_policy(tf_py_environment.TFPyEnvironment(suite_gym.load(ENV)))
 
 
 def tf_agents_envs(n):

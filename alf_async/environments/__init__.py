@@ -4,7 +4,7 @@ Names are imported lazily: a SubprocessEnv child imports this package and
 should pay only for what it uses.
 """
 
-import importlib
+from alf_async._lazy import lazy_exports
 
 _EXPORTS = {
     "BatchedGymEnv": "gym_batch",
@@ -22,8 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -9,7 +9,7 @@
 Names are imported lazily, so that a remote client pays only for the client.
 """
 
-import importlib
+from alf_async._lazy import lazy_exports
 
 _EXPORTS = {
     "PolicyServerEnv": "server",
@@ -20,8 +20,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -61,3 +61,16 @@ class FailingPolicy(CountingPolicy):
             counter, self._fail_at, message="FailingPolicy: injected failure")
         with tf.control_dependencies([check]):
             return super()._action(time_step, policy_state, seed)
+
+
+def dqn_collect_policy(tf_env, fc_layer_params=(64, 64)):
+    """A freshly initialised tf-agents DQN agent's collect policy for `tf_env`
+    (QNetwork fc_layer_params, Adam 1e-3): what the benchmarks collect with."""
+    from tf_agents.agents.dqn import dqn_agent
+    from tf_agents.networks import q_network
+    q_net = q_network.QNetwork(tf_env.observation_spec(), tf_env.action_spec(),
+                               fc_layer_params=fc_layer_params)
+    agent = dqn_agent.DqnAgent(tf_env.time_step_spec(), tf_env.action_spec(), q_network=q_net,
+                               optimizer=tf.keras.optimizers.Adam(1e-3))
+    agent.initialize()
+    return agent.collect_policy
