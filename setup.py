@@ -33,7 +33,7 @@ setup(
         # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).
         "gymnasium": [GYMNASIUM],
         "ray": [RAY],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", GYMNASIUM, RAY],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", GYMNASIUM, RAY],
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main"],
