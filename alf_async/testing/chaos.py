@@ -1,0 +1,477 @@
+"""Chaos trials shared by tests/stress/test_chaos.py (reduced counts) and
+benchmarks/reliability.py (full counts, through `print_full_figures`).
+
+- `kill_trial`: a DQN training run on SubprocessEnvs (CountingEnvs in child
+  processes) while a chaos thread `kill -9`s a random child every few
+  seconds. Checked per env row over every learner batch: each kill is one
+  counted restart and one truncation (LAST with discount 1, then a boundary
+  step, then a FIRST at step 0), every other step counts up by exactly one
+  (nothing lost or repeated), and no child is alive after stop().
+- `checkpoint_trial`: the `alf-async-train` CLI killed with SIGKILL at random
+  moments after it starts training, each time resumed on the same root_dir:
+  every resume starts from the checkpoint that was the latest on disk (and it
+  loads), and global step / env steps / iterations never go backwards.
+"""
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+FIRST, MID, LAST = 0, 1, 2
+SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "gin_configs", "smoke.gin")
+
+
+def pid_alive(pid):
+    """True if `pid` runs and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ kill trial
+
+def _tiny_dqn(time_step_spec, action_spec):
+    import tensorflow as tf
+    from tf_agents.agents.dqn import dqn_agent
+    from tf_agents.networks import q_network
+    net = q_network.QNetwork(
+        time_step_spec.observation, action_spec,
+        preprocessing_layers=tf.keras.layers.Lambda(lambda x: tf.cast(x, tf.float32) * 1e-3),
+        fc_layer_params=(8,))
+    agent = dqn_agent.DqnAgent(time_step_spec, action_spec, q_network=net,
+                               optimizer=tf.keras.optimizers.Adam(1e-3),
+                               epsilon_greedy=0.2, gamma=0.9)
+    agent.initialize()
+    return agent
+
+
+def _windows(exp, length=2):
+    """[rows, U] -> [rows * (U - length + 1), length] sliding windows."""
+    import tensorflow as tf
+    u = exp.step_type.shape[1]
+    return tf.nest.map_structure(
+        lambda x: tf.concat([x[:, t:t + length] for t in range(u - length + 1)], 0), exp)
+
+
+def check_row(step_type, next_step_type, discount, t):
+    """Checks one env row's concatenated transitions; returns
+    (truncations, errors) where errors lists every step that was lost,
+    repeated or malformed."""
+    errors = []
+    k, n, truncations = 0, len(t), 0
+    while k < n - 1:
+        if next_step_type[k] == LAST:
+            if discount[k] != 1.0:
+                errors.append(f"step {k}: an episode end with discount {discount[k]}")
+                k += 1
+                continue
+            truncations += 1
+            if k + 2 < n:
+                if not (t[k + 1] == t[k] and step_type[k + 1] == LAST and
+                        next_step_type[k + 1] == FIRST and step_type[k + 2] == FIRST and
+                        t[k + 2] == 0):
+                    errors.append(f"step {k}: a truncation not followed by boundary + FIRST "
+                                  f"(t {t[k:k + 3]}, step_type {step_type[k:k + 3]})")
+                k += 2
+            else:
+                k = n
+            continue
+        if t[k + 1] != t[k] + 1:
+            errors.append(f"step {k}: step_in_episode {t[k]} -> {t[k + 1]}")
+        k += 1
+    return truncations, errors
+
+
+def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2,
+               unroll_length=8, learn_queue_cap=2, train=True, timeout_secs=None,
+               log=None):
+    """A DQN training run on 2 x 2 SubprocessEnvs while a chaos thread kills a
+    random child every ~`interval` seconds (uniform in [0.5, 1.5] x interval),
+    `num_kills` times. Returns a dict of figures (see the keys at the end).
+
+    A child is only picked once its previous restart has been seen to finish
+    (its row's new FIRST reached the learner), so every kill is mid-episode
+    (episodes never end by themselves) and owes exactly one restart and one
+    truncation.
+    """
+    import tensorflow as tf
+    from tf_agents.utils import common
+
+    from alf_async import AsyncOffPolicyDriver
+    from alf_async.environments.subprocess_env import subprocess_env_f
+    from alf_async.testing.subprocess_envs import CountingEnv
+
+    rng = np.random.default_rng(seed)
+    timeout_secs = timeout_secs or (num_kills * interval * 2 + 120)
+    env_f = subprocess_env_f(functools.partial(CountingEnv, episode_length=10**9),
+                             num_envs=env_batch_size, step_timeout=30.0,
+                             max_restarts=num_kills + 10, restart_window_secs=3600.0)
+    spec_env = env_f()
+    time_step_spec, action_spec = spec_env.time_step_spec(), spec_env.action_spec()
+    spec_env.close()
+    agent = _tiny_dqn(time_step_spec, action_spec)
+    train_fn = common.function(agent.train)
+    driver = AsyncOffPolicyDriver(env_f, agent.collect_policy, num_envs=num_envs,
+                                  unroll_length=unroll_length, learn_queue_cap=learn_queue_cap)
+    rows = {}  # env_id -> list of (step_type, next_step_type, discount, t) per unroll
+    lock = threading.Lock()
+    pending = set()   # env ids killed whose new FIRST the learner has not seen yet
+    kills = {}        # env_id -> kills
+    pids_seen = set()
+    chaos_done = threading.Event()
+    stop_chaos = threading.Event()
+    chaos_error = []
+    start = time.monotonic()
+
+    def child(env_id):
+        return driver.environments[env_id // env_batch_size].pyenv.envs[env_id % env_batch_size]
+
+    def chaos():
+        try:
+            n = 0
+            while n < num_kills and not stop_chaos.is_set():
+                if stop_chaos.wait(rng.uniform(0.5, 1.5) * interval):
+                    return
+                while not stop_chaos.is_set():
+                    with lock:
+                        ready = [e for e in range(num_envs * env_batch_size)
+                                 if e not in pending]
+                    if ready:
+                        break
+                    time.sleep(0.02)
+                else:
+                    return
+                victim = int(rng.choice(ready))
+                env = child(victim)
+                pid = env.pid
+                with lock:
+                    pending.add(victim)
+                    kills[victim] = kills.get(victim, 0) + 1
+                    pids_seen.add(pid)
+                os.kill(pid, signal.SIGKILL)
+                n += 1
+                if log:
+                    log(f"kill {n}/{num_kills}: env {victim} pid {pid}")
+        except Exception as e:  # pylint: disable=broad-except
+            chaos_error.append(e)
+        finally:
+            chaos_done.set()
+
+    driver.start()
+    pids_seen.update(e.pid for env in driver.environments for e in env.pyenv.envs)
+    chaos_thread = threading.Thread(target=chaos, name="chaos", daemon=True)
+    batches = train_steps = env_steps = 0
+    losses = []
+    error = None
+    try:
+        chaos_thread.start()
+        tail = None  # a few batches after the last kill, to see its truncation
+        while True:
+            exp, env_ids, steps = driver.get_training_exps()
+            batches += 1
+            env_steps += steps
+            if train:
+                losses.append(float(train_fn(_windows(exp)).loss))
+                train_steps += 1
+            st, nst = exp.step_type.numpy(), exp.next_step_type.numpy()
+            disc, obs = exp.discount.numpy(), exp.observation.numpy()
+            with lock:
+                for r, env_id in enumerate(env_ids.numpy()):
+                    env_id = int(env_id)
+                    rows.setdefault(env_id, []).append((st[r], nst[r], disc[r], obs[r]))
+                    if env_id in pending and (st[r] == FIRST).any():
+                        pending.discard(env_id)
+            if chaos_done.is_set():
+                with lock:
+                    if not pending:
+                        tail = (tail or 0) + 1
+                if tail is not None and tail >= 2:
+                    break
+            if time.monotonic() - start > timeout_secs:
+                error = f"timed out after {timeout_secs:.0f} s"
+                break
+    except Exception as e:  # pylint: disable=broad-except
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        stop_chaos.set()
+        chaos_thread.join(10)
+        restarts = {e: child(e).restarts for e in range(num_envs * env_batch_size)}
+        final_pids = [e.pid for env in driver.environments for e in env.pyenv.envs]
+        pids_seen.update(p for p in final_pids if p)
+        stop_start = time.monotonic()
+        try:
+            driver.stop()
+        except Exception as e:  # pylint: disable=broad-except
+            error = error or f"stop: {type(e).__name__}: {e}"
+        stop_secs = time.monotonic() - stop_start
+    elapsed = time.monotonic() - start
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in pids_seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children_left = sorted(p for p in pids_seen if pid_alive(p))
+
+    truncations, step_errors, env_rows_steps, index_errors = {}, [], 0, []
+    for env_id, unrolls in sorted(rows.items()):
+        st, nst, disc, obs = (np.concatenate([u[k] for u in unrolls]) for k in range(4))
+        env_rows_steps += len(st)
+        if len(set(obs[:, 0].tolist())) != 1:
+            index_errors.append(env_id)
+        n_trunc, errs = check_row(st, nst, disc, obs[:, 1])
+        truncations[env_id] = n_trunc
+        step_errors += [f"env {env_id} {e}" for e in errs]
+    all_ids = range(num_envs * env_batch_size)
+    mismatched = [e for e in all_ids
+                  if not (kills.get(e, 0) == restarts[e] == truncations.get(e, 0))]
+    return dict(
+        kills=sum(kills.values()), restarts=sum(restarts.values()),
+        truncations=sum(truncations.values()),
+        per_env={e: (kills.get(e, 0), restarts[e], truncations.get(e, 0)) for e in all_ids},
+        mismatched_envs=mismatched, step_errors=step_errors[:20],
+        num_step_errors=len(step_errors), env_index_errors=index_errors,
+        env_steps=env_steps, steps_checked=env_rows_steps, batches=batches,
+        train_steps=train_steps, final_loss=losses[-1] if losses else None,
+        loss_finite=bool(np.all(np.isfinite(losses))) if losses else None,
+        children_seen=len(pids_seen), children_left=children_left,
+        chaos_error=repr(chaos_error[0]) if chaos_error else None,
+        error=error, stop_secs=stop_secs, secs=elapsed)
+
+
+def kill_trial_ok(r, num_kills):
+    return (r["error"] is None and r["chaos_error"] is None and r["kills"] == num_kills and
+            not r["mismatched_envs"] and r["num_step_errors"] == 0 and
+            not r["env_index_errors"] and not r["children_left"] and
+            r["loss_finite"] is not False and r["stop_secs"] < 10)
+
+
+# ------------------------------------------------------------ checkpoint trial
+
+_RESUMED = re.compile(r"\[alf_async\] resumed from (\S+): global step (\d+), env steps (\d+), "
+                      r"iteration (\d+)")
+_PROGRESS = re.compile(r"\[alf_async\] iteration (\d+) \| env steps (\d+) .*\| train steps "
+                       r"(\d+)")
+_STOPPED = re.compile(r"\[alf_async\] stopped \((\w+)\) at iteration (\d+), train step (\d+), "
+                      r"env steps (\d+)")
+
+
+def _train_cmd(root_dir, gin_file, gin_params):
+    cmd = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", root_dir,
+           "--gin_file", gin_file]
+    for p in gin_params:
+        cmd += ["--gin_param", p]
+    return cmd
+
+
+def _latest(root_dir):
+    """(path, step) of the latest complete checkpoint, after checking it loads."""
+    import tensorflow as tf
+    path = tf.train.latest_checkpoint(os.path.join(root_dir, "train"))
+    if path is None:
+        return None, None
+    tf.train.load_checkpoint(path)  # raises on a corrupt or partial checkpoint
+    return path, int(path.rsplit("-", 1)[1])
+
+
+def _run_once(cmd, kill_after, timeout, log):
+    """Runs the CLI; SIGKILLs it `kill_after` seconds after its first progress
+    line (None: let it finish). Returns (returncode, output lines, killed)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines, killed = [], [False]
+    timer = [None]
+
+    def kill():
+        killed[0] = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    watchdog = threading.Timer(timeout, kill)
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if (kill_after is not None and timer[0] is None and
+                    line.startswith("[alf_async] iteration")):
+                timer[0] = threading.Timer(kill_after, kill)
+                timer[0].start()
+        proc.wait()
+    finally:
+        watchdog.cancel()
+        if timer[0] is not None:
+            timer[0].cancel()
+        if proc.poll() is None:
+            kill()
+            proc.wait()
+    timed_out = killed[0] and (kill_after is None or timer[0] is None)
+    return proc.returncode, lines, killed[0] and not timed_out, timed_out
+
+
+def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
+                     max_kill_delay=3.0, checkpoint_interval=10, final_iterations=50,
+                     run_timeout=120.0, log=None):
+    """`num_kills` cycles of: start (or resume) the CLI on `root_dir`, SIGKILL
+    it at a random moment in [0, max_kill_delay] s after its first progress
+    line; then one last run that finishes `final_iterations` more iterations.
+    Returns a dict of figures."""
+    import tempfile
+    rng = np.random.default_rng(seed)
+    own_dir = root_dir is None
+    root_dir = root_dir or tempfile.mkdtemp(prefix="alf_async_ckpt_")
+    params = ["train.num_iterations = 1000000", f"train.checkpoint_interval = {checkpoint_interval}",
+              "train.num_eval_episodes = 0", "train.log_interval_secs = 0.2"]
+    cycles, problems = [], []
+    high = dict(global_step=0, env_steps=0, iteration=0)  # highest counters seen so far
+    start = time.monotonic()
+
+    def check_counters(where, gs, es, it):
+        for name, v in (("global_step", gs), ("env_steps", es), ("iteration", it)):
+            if v < high[name]:
+                problems.append(f"{where}: {name} went back {high[name]} -> {v}")
+            high[name] = max(high[name], v)
+
+    for cycle in range(num_kills + 1):
+        final = cycle == num_kills
+        before_path, before_step = _latest(root_dir)
+        run_params = list(params)
+        if final:
+            run_params[0] = f"train.num_iterations = {high['iteration'] + final_iterations}"
+        delay = None if final else float(rng.uniform(0, max_kill_delay))
+        t0 = time.monotonic()
+        rc, lines, killed, timed_out = _run_once(_train_cmd(root_dir, gin_file, run_params),
+                                                 delay, run_timeout, log)
+        secs = time.monotonic() - t0
+        text = "\n".join(lines)
+        resumed = _RESUMED.search(text)
+        info = dict(cycle=cycle, kill_after=delay, returncode=rc, killed=killed, secs=secs,
+                    before=before_step, resumed_step=None)
+        where = f"cycle {cycle}"
+        if timed_out:
+            problems.append(f"{where}: timed out after {run_timeout} s")
+        if "Traceback" in text or (final and rc != 0) or (not final and not killed):
+            problems.append(f"{where}: run failed (rc {rc}):\n" + "\n".join(lines[-15:]))
+        if before_path is None:
+            if resumed:
+                problems.append(f"{where}: resumed from {resumed.group(1)} with no checkpoint")
+        elif not resumed:
+            problems.append(f"{where}: did not resume from {before_path}")
+        else:
+            path, gs, es, it = resumed.group(1), *map(int, resumed.groups()[1:])
+            info.update(resumed_step=gs, resumed_env_steps=es, resumed_iteration=it)
+            if os.path.basename(path) != os.path.basename(before_path) or gs != before_step:
+                problems.append(f"{where}: resumed from {path} (step {gs}), the latest was "
+                                f"{before_path}")
+            if gs < high["global_step"] - checkpoint_interval * 4 - 50:
+                pass  # progress past the last checkpoint is lost by design
+        # Within one run, counters go up; across runs, the resume point never
+        # goes back past the previous resume point.
+        if resumed:
+            check_counters(where + " resume", info["resumed_step"], info["resumed_env_steps"],
+                           info["resumed_iteration"])
+        run_high = dict(high)
+        for m in _PROGRESS.finditer(text):
+            it, es, gs = map(int, m.groups())
+            for name, v in (("global_step", gs), ("env_steps", es), ("iteration", it)):
+                if v < run_high[name]:
+                    problems.append(f"{where}: {name} went back {run_high[name]} -> {v} "
+                                    "within a run")
+                run_high[name] = max(run_high[name], v)
+        after_path, after_step = _latest(root_dir)
+        info["after"] = after_step
+        if before_step is not None and (after_step is None or after_step < before_step):
+            problems.append(f"{where}: latest checkpoint went back {before_step} -> {after_step}")
+        if final:
+            m = _STOPPED.search(text)
+            info["stopped"] = m.group(0) if m else None
+            if not m or m.group(1) != "num_iterations":
+                problems.append(f"{where}: the final run did not finish: {lines[-3:]}")
+        cycles.append(info)
+        if log:
+            log(f"{where}: kill after {delay}, rc {rc}, ckpt {before_step} -> resumed "
+                f"{info['resumed_step']} -> latest {after_step} ({secs:.1f} s)")
+    resumes = [c for c in cycles if c["resumed_step"] is not None]
+    if own_dir:
+        import shutil
+        shutil.rmtree(root_dir, ignore_errors=True)
+    return dict(kills=sum(c["killed"] for c in cycles), cycles=len(cycles),
+                resumes=len(resumes), fresh_starts=len(cycles) - len(resumes),
+                resumed_steps=[c["resumed_step"] for c in cycles],
+                final=cycles[-1].get("stopped"), problems=problems,
+                secs=time.monotonic() - start)
+
+
+# ---------------------------------------------------------- full-count figures
+
+def add_flags(parser):
+    """The flags `print_full_figures` reads."""
+    parser.add_argument("--chaos_kills", type=int, default=100,
+                        help="children kill -9'ed during the SubprocessEnv training run")
+    parser.add_argument("--chaos_interval", type=float, default=2.0,
+                        help="mean seconds between two kills")
+    parser.add_argument("--checkpoint_kills", type=int, default=20,
+                        help="kill -9 + resume cycles of the training CLI")
+
+
+def print_full_figures(args):
+    """Runs both chaos trials at the counts in `args` (see `add_flags`; also
+    reads args.seed), prints the figures, returns a list of failures."""
+    seed = getattr(args, "seed", 0)
+    bad = []
+    if args.chaos_kills:
+        r = kill_trial(args.chaos_kills, args.chaos_interval, seed=seed)
+        print(f"\nCrashing simulators: {r['kills']} kill -9 of SubprocessEnv children "
+              f"(~{args.chaos_interval:g} s apart) during a DQN training run on 2 x 2 "
+              "CountingEnvs")
+        print(f"  per env (kills, restarts, truncations): {r['per_env']}")
+        print(f"  env steps checked {r['steps_checked']} in {r['batches']} learner batches, "
+              f"{r['train_steps']} train steps (final loss {r['final_loss']})")
+        print(f"  steps lost or repeated: {r['num_step_errors']}; envs with kills != restarts "
+              f"!= truncations: {r['mismatched_envs']}; children seen {r['children_seen']}, "
+              f"left {len(r['children_left'])}; stop() {r['stop_secs']:.2f} s; "
+              f"{r['secs']:.0f} s; error {r['error']}")
+        if not kill_trial_ok(r, args.chaos_kills):
+            bad.append(dict(trial="kill", **{k: r[k] for k in (
+                "kills", "mismatched_envs", "step_errors", "children_left", "error",
+                "chaos_error")}))
+    if args.checkpoint_kills:
+        r = checkpoint_trial(args.checkpoint_kills, seed=seed)
+        print(f"\nCheckpoints: {r['kills']} kill -9 of alf-async-train (smoke.gin, "
+              "checkpoint every 10 train steps) at random moments, each resumed")
+        print(f"  resumes {r['resumes']} (fresh starts {r['fresh_starts']}), resumed at global "
+              f"steps {r['resumed_steps']}")
+        print(f"  final run: {r['final']}; problems {len(r['problems'])}; {r['secs']:.0f} s")
+        bad += [dict(trial="checkpoint", problem=p) for p in r["problems"]]
+    return bad
+
+
+def main():
+    import argparse
+    parser = argparse.ArgumentParser(description="chaos trials at full counts")
+    add_flags(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    bad = print_full_figures(args)
+    print(f"\n{len(bad)} failures")
+    for b in bad:
+        print("  ", b)
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
