@@ -377,8 +377,6 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
             if os.path.basename(path) != os.path.basename(before_path) or gs != before_step:
                 problems.append(f"{where}: resumed from {path} (step {gs}), the latest was "
                                 f"{before_path}")
-            if gs < high["global_step"] - checkpoint_interval * 4 - 50:
-                pass  # progress past the last checkpoint is lost by design
         # Within one run, counters go up; across runs, the resume point never
         # goes back past the previous resume point.
         if resumed:
