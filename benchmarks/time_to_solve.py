@@ -1,10 +1,10 @@
 """Time to solve CartPole-v0 with DQN: alf_async's trainer vs a synchronous tf-agents loop.
 
 Both sides read the same gin file (default gin_configs/dqn_cartpole.gin):
-the same agent (trainer.dqn_agent: network, optimizer, DqnAgent settings,
+the same agent (agents.dqn_agent: network, optimizer, DqnAgent settings,
 epsilon schedule), the same number of environments, env steps per
 iteration, train steps per iteration, sample batch size, initial collection
-and replay capacity, and the same evaluation protocol (trainer.Evaluator:
+and replay capacity, and the same evaluation protocol (evaluation.Evaluator:
 the greedy policy, one episode on each of train.num_eval_episodes envs,
 every train.eval_interval train steps). "Solved" is the first evaluation
 with AverageReturn >= 195; the clock starts when the loop starts (agents and
@@ -81,7 +81,7 @@ def run_sync(seed, cap, sync_env):
     from tf_agents.replay_buffers import tf_uniform_replay_buffer
     from tf_agents.utils import common
 
-    from alf_async import trainer
+    from alf_async import agents, evaluation
     from alf_async.environments import gym_batch, suites
 
     q = gin.query_parameter
@@ -105,7 +105,7 @@ def run_sync(seed, cap, sync_env):
     eval_env = suites.load("suite_gym", env_name, batch_size=q("train.num_eval_episodes"),
                            seed=seed + 1000003)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
-    agent = trainer.dqn_agent(env.time_step_spec(), env.action_spec(), global_step)
+    agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), global_step)
     agent.initialize()
     buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
         agent.collect_data_spec, batch_size=num_rows,
@@ -116,7 +116,7 @@ def run_sync(seed, cap, sync_env):
     dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("train.sample_batch_size"),
                                 num_steps=agent.train_sequence_length).prefetch(3)
     train_step = common.function(agent.train)
-    evaluator = trainer.Evaluator(eval_env, agent.policy)
+    evaluator = evaluation.Evaluator(eval_env, agent.policy)
 
     start = time.monotonic()
     time_step, policy_state, env_steps = None, None, 0

@@ -15,14 +15,14 @@ import tensorflow as tf
 from tf_agents.agents.dqn import dqn_agent
 from tf_agents.utils import common
 
-from alf_async import AsyncOffPolicyDriver, replayers, trainer
+from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer
 from alf_async.environments import suites
 
 
 def with_train(root_dir):
     """Part 1: the training loop, checkpoints, summaries and evaluation of `train()`."""
     agent_fn = functools.partial(
-        trainer.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
+        agents.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
         learning_rate=5e-4, epsilon_greedy=1.0, epsilon_final=0.05, epsilon_decay_steps=1000,
         # DqnAgent's own arguments (in gin: DqnAgent.n_step_update = 3, ...).
         agent_kwargs=dict(n_step_update=3, target_update_tau=0.005,
@@ -43,7 +43,7 @@ def by_hand(num_iterations=300):
     env_f = suites.make_env_f("suite_gym", "CartPole-v0", batch_size=8, seed=1)
     spec_env = suites.load("suite_gym", "CartPole-v0")
     global_step = tf.Variable(0, dtype=tf.int64)
-    agent = trainer.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(), global_step)
+    agent = agents.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(), global_step)
     agent.initialize()
     replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=2 * 8,
                                          capacity_per_row=2000)

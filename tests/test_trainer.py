@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from alf_async import replayers, trainer
+from alf_async import agents, replayers, trainer
 from alf_async.environments import gym_batch, suites
 from tf_agents.environments import tf_py_environment
 
@@ -168,7 +168,7 @@ def test_one_time_replayer_reaches_the_learner(tmp_path, smoke_gin):
 
 
 def test_sac_plugs_in(tmp_path):
-    agent_fn = functools.partial(trainer.sac_agent, actor_fc_layer_params=(16,),
+    agent_fn = functools.partial(agents.sac_agent, actor_fc_layer_params=(16,),
                                  critic_joint_fc_layer_params=(16,))
     result = trainer.train(str(tmp_path), env_name="Pendulum-v1", agent_fn=agent_fn,
                            num_iterations=6, unroll_length=4, initial_collect_steps=8,

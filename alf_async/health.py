@@ -1,0 +1,67 @@
+"""Summaries of the driver's health (Perf/, Queues/, Env/) and the learner's loss."""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+class DriverHealth(object):
+    """Writes the driver's health as summaries: rates over the last interval
+    (Perf/...), queue occupancy (Queues/...), environment restarts (Env/...).
+
+    Args:
+        driver: the AsyncOffPolicyDriver (its perf stats, queues, environments).
+        clock: a zero-arg callable returning seconds.
+    """
+
+    def __init__(self, driver, clock=time.monotonic):
+        self._driver = driver
+        self._clock = clock
+        self._last = None
+
+    def write(self, train_step):
+        """Writes the summaries at `train_step` (call under a default writer)."""
+        stats = self._driver.get_perf_stats()
+        now = self._clock()
+        last, self._last = self._last, (now, int(train_step), stats)
+        step = tf.constant(train_step, tf.int64)
+        if last is not None and now > last[0]:
+            dt = now - last[0]
+            old = last[2]
+            batches = stats["actor_batches"] - old["actor_batches"]
+            scalars = {
+                "Perf/env_steps_per_sec": (stats["env_steps"] - old["env_steps"]) / dt,
+                "Perf/train_steps_per_sec": (int(train_step) - last[1]) / dt,
+                # Share of the env threads' time spent waiting for an action.
+                "Perf/action_wait_fraction":
+                    (stats["action_wait_secs"] - old["action_wait_secs"]) /
+                    (dt * self._driver.num_envs),
+            }
+            if batches > 0:
+                scalars["Perf/actor_inference_ms_per_batch"] = 1000.0 * (
+                    stats["actor_inference_secs"] - old["actor_inference_secs"]) / batches
+                scalars["Perf/actor_batch_size"] = (
+                    stats["actor_rows"] - old["actor_rows"]) / batches
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, value, step=step)
+        queues = self._driver.queues
+        tf.summary.scalar("Queues/learn_queue_occupancy",
+                          stats["learn_queue_size"] / queues.learn_queue.capacity, step=step)
+        tf.summary.scalar("Queues/actor_queue_occupancy", float(np.mean([
+            size / q.capacity for size, q in zip(stats["actor_queue_sizes"],
+                                                  queues.actor_queues)])), step=step)
+        tf.summary.scalar("Queues/log_queue_size", stats["log_queue_size"], step=step)
+        restarts = [env.restarts for env in self._driver.environments if hasattr(env, "restarts")]
+        if restarts:
+            tf.summary.scalar("Env/restarts", sum(restarts), step=step)
+
+
+def _write_loss(loss_info, step):
+    """Learner/loss and each scalar of the agent's LossInfo.extra (Learner/<name>)."""
+    tf.summary.scalar("Learner/loss", loss_info.loss, step=step)
+    extra = loss_info.extra
+    if hasattr(extra, "_asdict"):
+        for name, value in extra._asdict().items():
+            if isinstance(value, (tf.Tensor, np.ndarray, float)) and np.ndim(value) == 0:
+                tf.summary.scalar(f"Learner/{name}", value, step=step)
