@@ -392,6 +392,10 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
                 run_high[name] = max(run_high[name], v)
         after_path, after_step = _latest(root_dir)
         info["after"] = after_step
+        # A kill during a save leaves the save's temporary files behind.
+        train_dir = os.path.join(root_dir, "train")
+        info["mid_save"] = killed and os.path.isdir(train_dir) and any(
+            "temp" in name for name in os.listdir(train_dir))
         if before_step is not None and (after_step is None or after_step < before_step):
             problems.append(f"{where}: latest checkpoint went back {before_step} -> {after_step}")
         if final:
@@ -402,7 +406,8 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         cycles.append(info)
         if log:
             log(f"{where}: kill after {delay}, rc {rc}, ckpt {before_step} -> resumed "
-                f"{info['resumed_step']} -> latest {after_step} ({secs:.1f} s)")
+                f"{info['resumed_step']} -> latest {after_step}, mid-save "
+                f"{info['mid_save']} ({secs:.1f} s)")
     resumes = [c for c in cycles if c["resumed_step"] is not None]
     if own_dir:
         import shutil
@@ -410,6 +415,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
     return dict(kills=sum(c["killed"] for c in cycles), cycles=len(cycles),
                 resumes=len(resumes), fresh_starts=len(cycles) - len(resumes),
                 resumed_steps=[c["resumed_step"] for c in cycles],
+                kills_mid_save=sum(bool(c.get("mid_save")) for c in cycles),
                 final=cycles[-1].get("stopped"), problems=problems,
                 secs=time.monotonic() - start)
 
@@ -424,15 +430,18 @@ def add_flags(parser):
                         help="mean seconds between two kills")
     parser.add_argument("--checkpoint_kills", type=int, default=20,
                         help="kill -9 + resume cycles of the training CLI")
+    parser.add_argument("--chaos_verbose", action="store_true",
+                        help="print every kill and every kill/resume cycle")
 
 
 def print_full_figures(args):
     """Runs both chaos trials at the counts in `args` (see `add_flags`; also
     reads args.seed), prints the figures, returns a list of failures."""
     seed = getattr(args, "seed", 0)
+    log = print if getattr(args, "chaos_verbose", False) else None
     bad = []
     if args.chaos_kills:
-        r = kill_trial(args.chaos_kills, args.chaos_interval, seed=seed)
+        r = kill_trial(args.chaos_kills, args.chaos_interval, seed=seed, log=log)
         print(f"\nCrashing simulators: {r['kills']} kill -9 of SubprocessEnv children "
               f"(~{args.chaos_interval:g} s apart) during a DQN training run on 2 x 2 "
               "CountingEnvs")
@@ -448,11 +457,13 @@ def print_full_figures(args):
                 "kills", "mismatched_envs", "step_errors", "children_left", "error",
                 "chaos_error")}))
     if args.checkpoint_kills:
-        r = checkpoint_trial(args.checkpoint_kills, seed=seed)
+        r = checkpoint_trial(args.checkpoint_kills, seed=seed, log=log)
         print(f"\nCheckpoints: {r['kills']} kill -9 of alf-async-train (smoke.gin, "
               "checkpoint every 10 train steps) at random moments, each resumed")
         print(f"  resumes {r['resumes']} (fresh starts {r['fresh_starts']}), resumed at global "
               f"steps {r['resumed_steps']}")
+        print(f"  kills that left a save's temporary files behind (killed mid-save): "
+              f"{r['kills_mid_save']}")
         print(f"  final run: {r['final']}; problems {len(r['problems'])}; {r['secs']:.0f} s")
         bad += [dict(trial="checkpoint", problem=p) for p in r["problems"]]
     return bad
