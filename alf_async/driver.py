@@ -273,23 +273,22 @@ class AsyncOffPolicyDriver(object):
             # blocking_step) promise a close() that is safe from any thread and
             # wakes a blocked step: close them now rather than after a wait.
             _close_envs([e for e in self._envs if blocks(e)])
-            envs_closed = False
+            others = [e for e in self._envs if not blocks(e)]
             try:
                 if self._started:
                     # Closed queues end every thread within a step; a thread
                     # still alive after half the grace period is inside an
-                    # environment's own step, which closing the environment
-                    # interrupts (SubprocessEnv kills its child).
+                    # environment's own step: closing its environment is the
+                    # last way to interrupt it.
                     deadline = time.monotonic() + self._grace / 2
                     for t in self._threads:
                         t.join(max(0.0, deadline - time.monotonic()))
                     if any(t.is_alive() for t in self._env_threads):
-                        _close_envs(self._envs)
-                        envs_closed = True
+                        _close_envs(others)
+                        others = []
                     self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
-                if not envs_closed:
-                    _close_envs([e for e in self._envs if not blocks(e)])
+                _close_envs(others)
                 logger.info("alf_async driver stopped")
 
     # ---------------------------------------------------------------- private

@@ -287,6 +287,13 @@ def _latest(root_dir):
     return path, int(path.rsplit("-", 1)[1])
 
 
+def _temp_files(root_dir):
+    train_dir = os.path.join(root_dir, "train")
+    if not os.path.isdir(train_dir):
+        return set()
+    return {name for name in os.listdir(train_dir) if "temp" in name}
+
+
 def _run_once(cmd, kill_after, timeout, log):
     """Runs the CLI; SIGKILLs it `kill_after` seconds after its first progress
     line (None: let it finish). Returns (returncode, output lines, killed)."""
@@ -349,6 +356,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
     for cycle in range(num_kills + 1):
         final = cycle == num_kills
         before_path, before_step = _latest(root_dir)
+        temps_before = _temp_files(root_dir)
         run_params = list(params)
         if final:
             run_params[0] = f"train.num_iterations = {high['iteration'] + final_iterations}"
@@ -393,9 +401,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         after_path, after_step = _latest(root_dir)
         info["after"] = after_step
         # A kill during a save leaves the save's temporary files behind.
-        train_dir = os.path.join(root_dir, "train")
-        info["mid_save"] = killed and os.path.isdir(train_dir) and any(
-            "temp" in name for name in os.listdir(train_dir))
+        info["mid_save"] = bool(killed and _temp_files(root_dir) - temps_before)
         if before_step is not None and (after_step is None or after_step < before_step):
             problems.append(f"{where}: latest checkpoint went back {before_step} -> {after_step}")
         if final:
