@@ -344,7 +344,8 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
     params = ["train.num_iterations = 1000000", f"train.checkpoint_interval = {checkpoint_interval}",
               "train.num_eval_episodes = 0", "train.log_interval_secs = 0.2"]
     cycles, problems = [], []
-    high = dict(global_step=0, env_steps=0, iteration=0)  # highest counters seen so far
+    high = dict(global_step=0, env_steps=0, iteration=0)  # highest resume point so far
+    reached = 0  # the highest iteration any run printed
     start = time.monotonic()
 
     def check_counters(where, gs, es, it):
@@ -359,7 +360,8 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         temps_before = _temp_files(root_dir)
         run_params = list(params)
         if final:
-            run_params[0] = f"train.num_iterations = {high['iteration'] + final_iterations}"
+            # More iterations than any run reached: the final run must train.
+            run_params[0] = f"train.num_iterations = {reached + final_iterations}"
         delay = None if final else float(rng.uniform(0, max_kill_delay))
         t0 = time.monotonic()
         rc, lines, killed, timed_out = _run_once(_train_cmd(root_dir, gin_file, run_params),
@@ -393,6 +395,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         run_high = dict(high)
         for m in _PROGRESS.finditer(text):
             it, es, gs = map(int, m.groups())
+            reached = max(reached, it)
             for name, v in (("global_step", gs), ("env_steps", es), ("iteration", it)):
                 if v < run_high[name]:
                     problems.append(f"{where}: {name} went back {run_high[name]} -> {v} "
@@ -409,6 +412,8 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
             info["stopped"] = m.group(0) if m else None
             if not m or m.group(1) != "num_iterations":
                 problems.append(f"{where}: the final run did not finish: {lines[-3:]}")
+            elif int(m.group(3)) <= (info["resumed_step"] or 0):
+                problems.append(f"{where}: the final run did not train: {m.group(0)}")
         cycles.append(info)
         if log:
             log(f"{where}: kill after {delay}, rc {rc}, ckpt {before_step} -> resumed "
