@@ -591,42 +591,14 @@ def _end_leaked(host, port, request):
                            "observation": [0, 0]}, token=TOKEN)
 
 
-def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=False,
-               min_episodes=3, warmup_fraction=0.1, request_timeout=10.0):
-    """Bad requests interleaved with well-behaved clients; returns a dict of figures.
-
-    Keys: statuses ({category: {status: count}}), bad_total, non_4xx (list of
-    (category, status, request head) for every answer that was not a 4xx,
-    at most 50 kept; aborted requests expect no answer and count as
-    "aborted"), non_4xx_count, good_episodes ({client: completed}),
-    good_errors, rss_mib / threads (dict: start, warm, end, max after warm-up),
-    conn_threads_end, server_alive, seconds, requests_per_sec.
-    """
-    served = ServedPolicy(num_envs=num_good_clients, token=TOKEN, max_body_bytes=MAX_BODY,
-                          max_concurrent=max(8, 2 * num_good_clients),
-                          episode_idle_timeout=30.0, connection_idle_timeout=15.0)
-    host, port = served.host, served.port
-    stop = threading.Event()
-    results = {}
+def _fuzz_worker(host, port, num, seed, include_known_bugs, request_timeout, progress, conn):
+    """The bad-request sender, in a child process (so that the server's RSS
+    and thread count are its own): sends `num` requests, returns figures."""
     statuses = collections.defaultdict(collections.Counter)
-    non_4xx = []
-    non_4xx_count = 0
-    rss, threads = {}, {}
+    non_4xx, non_4xx_count, sent = [], 0, 0
     start = time.monotonic()
-    clients = []
     try:
-        rss["start"], threads["start"] = proc_status()
-        clients = [threading.Thread(target=_good_client, name=f"abuse_good_{k}",
-                                    args=(served.server.address, k, stop, results, min_episodes,
-                                          seed * 100 + k), daemon=True)
-                   for k in range(num_good_clients)]
-        for t in clients:
-            t.start()
-        warm_at = max(1, int(num_bad_requests * warmup_fraction))
-        rss_max, threads_max = 0.0, 0
-        sent = 0
-        gen_start = time.monotonic()
-        for i, request in enumerate(bad_requests(num_bad_requests, seed, include_known_bugs)):
+        for request in bad_requests(num, seed, include_known_bugs):
             try:
                 status = send_raw(host, port, request, timeout=request_timeout)
             except OSError as e:
@@ -634,38 +606,123 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Fa
             sent += 1
             if request.category == "truncated_valid" and status == 200:
                 _end_leaked(host, port, request)   # (known bug) keep the capacity free
-            key = "aborted" if status is None else status
-            statuses[request.category][key] += 1
+            statuses[request.category]["aborted" if status is None else status] += 1
             if status is not None and not is_4xx(status):
                 non_4xx_count += 1
                 if len(non_4xx) < 50:
                     non_4xx.append((request.category, status, request.data[:160]))
-            if i + 1 == warm_at:
-                rss["warm"], threads["warm"] = proc_status()
-            if i + 1 >= warm_at and (i + 1) % 100 == 0:
+            progress.value = sent
+        error = None
+    except Exception as e:  # pylint: disable=broad-except
+        error = f"{type(e).__name__}: {e}"
+    conn.send({"statuses": {c: dict(v) for c, v in statuses.items()}, "bad_total": sent,
+               "non_4xx": non_4xx, "non_4xx_count": non_4xx_count, "fuzzer_error": error,
+               "requests_per_sec": sent / max(time.monotonic() - start, 1e-9)})
+    conn.close()
+
+
+def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=False,
+               min_episodes=3, warmup_fraction=0.1, good_from=0.0, request_timeout=10.0,
+               timeout=None):
+    """Bad requests interleaved with well-behaved clients; returns a dict of figures.
+
+    The server, its driver and the good clients (threads) run in this
+    process; the bad requests are generated and sent by a spawned child
+    process, so that this process's RSS and OS thread count are the
+    server's (plus the good clients' threads, which end before "end").
+
+    Keys: statuses ({category: {status: count}}; "aborted": no answer
+    expected; "http09:<code>": the error page http.server sends without a
+    status line to a request line it cannot parse), bad_total, non_4xx (at
+    most 50 (category, status, request head) of the answers that were no
+    4xx), non_4xx_count, fuzzer_error, good_episodes ({client: completed}),
+    good_errors, good_clients_alive, rss_mib / threads (dicts: start,
+    warm (after warmup_fraction of the bad requests), max_after_warmup,
+    end (after the clients stopped); with good_from > warmup_fraction also
+    good_start: the good clients start once good_from of the bad requests
+    are sent, so that warm -> good_start is the growth under bad requests
+    alone), conn_threads_end, server_alive,
+    left_after_stop, learner_batches, seconds, requests_per_sec.
+    """
+    import multiprocessing
+    served = ServedPolicy(num_envs=num_good_clients, token=TOKEN, max_body_bytes=MAX_BODY,
+                          max_concurrent=max(8, 2 * num_good_clients),
+                          episode_idle_timeout=30.0, connection_idle_timeout=15.0)
+    stop = threading.Event()
+    results = {}
+    rss, threads = {}, {}
+    start = time.monotonic()
+    clients, child = [], None
+    timeout = timeout or 120.0 + 0.1 * num_bad_requests
+    figures = {"fuzzer_error": "no result from the fuzzer process"}
+    try:
+        rss["start"], threads["start"] = proc_status()
+        clients = [threading.Thread(target=_good_client, name=f"abuse_good_{k}",
+                                    args=(served.server.address, k, stop, results, min_episodes,
+                                          seed * 100 + k), daemon=True)
+                   for k in range(num_good_clients)]
+        if good_from <= 0:
+            for t in clients:
+                t.start()
+        ctx = multiprocessing.get_context("spawn")
+        progress = ctx.Value("i", 0, lock=False)
+        receiver, sender = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_fuzz_worker, name="abuse_fuzzer", daemon=True,
+                            args=(served.host, served.port, num_bad_requests, seed,
+                                  include_known_bugs, request_timeout, progress, sender))
+        child.start()
+        sender.close()
+        warm_at = max(1, int(num_bad_requests * warmup_fraction))
+        rss_max, threads_max = 0.0, 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if receiver.poll(0.25):
+                try:
+                    figures = receiver.recv()
+                except EOFError:
+                    pass
+                break
+            if not child.is_alive() and not receiver.poll(0):
+                break
+            if progress.value >= warm_at:
                 r, th = proc_status()
+                if "warm" not in rss:
+                    rss["warm"], threads["warm"] = r, th
                 rss_max, threads_max = max(rss_max, r), max(threads_max, th)
-        gen_secs = time.monotonic() - gen_start
+            if good_from > 0 and progress.value >= good_from * num_bad_requests and \
+                    "good_start" not in rss:
+                rss["good_start"], threads["good_start"] = proc_status()
+                for t in clients:
+                    t.start()
         stop.set()
         for t in clients:
+            if t.ident is None:
+                t.start()   # (the fuzzer ended early) so that every client ran
             t.join(60)
         # Connection threads end when their client closes; give them a moment.
         wait_for(lambda: not conn_threads(), 5.0)
         rss["end"], threads["end"] = proc_status()
+        rss.setdefault("warm", float("nan"))
+        threads.setdefault("warm", -1)
         rss["max_after_warmup"] = max(rss_max, rss["end"])
         threads["max_after_warmup"] = max(threads_max, threads["end"])
         conn_left = len(conn_threads())
         alive = served.server.is_alive()
     finally:
         stop.set()
+        if child is not None:
+            child.join(5)
+            if child.is_alive():
+                child.kill()   # our own child, by its handle
+                child.join(5)
         served.stop()
-    left = _left_behind()
-    return {
-        "left_after_stop": left,
-        "statuses": {c: dict(v) for c, v in statuses.items()},
-        "bad_total": sent,
-        "non_4xx": non_4xx,
-        "non_4xx_count": non_4xx_count,
+    figures.setdefault("statuses", {})
+    figures.setdefault("bad_total", 0)
+    figures.setdefault("non_4xx", [])
+    figures.setdefault("non_4xx_count", 0)
+    figures.setdefault("requests_per_sec", 0.0)
+    figures.update({
+        "left_after_stop": _left_behind(),
         "good_episodes": {k: v[0] for k, v in results.items()},
         "good_errors": [e for v in results.values() for e in v[1]],
         "good_clients_alive": [t.name for t in clients if t.is_alive()],
@@ -675,8 +732,8 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Fa
         "server_alive": alive,
         "learner_batches": served.batches,
         "seconds": time.monotonic() - start,
-        "requests_per_sec": sent / max(gen_secs, 1e-9),
-    }
+    })
+    return figures
 
 
 def _raw_json(host, port, obj, read=True, timeout=60.0, token=None):
@@ -851,6 +908,8 @@ def vanishing_clients_trial(num_clients, idle_timeout, num_envs=4, max_workers=N
 # and no connection thread is left once the clients are gone.
 RSS_GROWTH_MIB = 32.0
 THREADS_GROWTH = 4
+# Under bad requests alone (warm -> good_start, when measured).
+RSS_GROWTH_BAD_ONLY_MIB = 4.0
 
 
 def fuzz_failures(r, strict_categories=None):
@@ -859,12 +918,18 @@ def fuzz_failures(r, strict_categories=None):
     for category, status, head in r["non_4xx"]:
         if strict_categories is None or category in strict_categories:
             bad.append(f"{category}: got {status} for {head!r}")
+    if r["fuzzer_error"]:
+        bad.append(f"fuzzer: {r['fuzzer_error']}")
     if r["good_errors"]:
         bad.append(f"good clients failed: {r['good_errors'][:5]}")
     if r["good_clients_alive"]:
         bad.append(f"good clients hung: {r['good_clients_alive']}")
     if r["rss_mib"]["end"] - r["rss_mib"]["warm"] > RSS_GROWTH_MIB:
         bad.append(f"RSS grew {r['rss_mib']['warm']:.1f} -> {r['rss_mib']['end']:.1f} MiB")
+    if "good_start" in r["rss_mib"] and \
+            r["rss_mib"]["good_start"] - r["rss_mib"]["warm"] > RSS_GROWTH_BAD_ONLY_MIB:
+        bad.append(f"RSS grew {r['rss_mib']['warm']:.1f} -> {r['rss_mib']['good_start']:.1f} "
+                   f"MiB under bad requests alone")
     if r["threads"]["end"] - r["threads"]["warm"] > THREADS_GROWTH:
         bad.append(f"threads grew {r['threads']['warm']} -> {r['threads']['end']}")
     if r["conn_threads_end"]:
@@ -881,7 +946,8 @@ def print_full_figures(args):
 
     args (an argparse.Namespace, see `add_arguments`): abuse_bad_requests
     (10000), abuse_good_clients (4), abuse_vanishing (100), abuse_idle_timeout
-    (0.5), abuse_known_bugs (include KNOWN_BUG_CATEGORIES), seed. A count of 0
+    (0.5), abuse_good_from (0.0), abuse_known_bugs (include
+    KNOWN_BUG_CATEGORIES), seed. A count of 0
     skips that trial. Failures of KNOWN_BUG_CATEGORIES are printed, not returned.
     """
     failures = []
@@ -894,7 +960,7 @@ def print_full_figures(args):
 
 def _print_fuzz(args):
     r = fuzz_trial(args.abuse_bad_requests, args.abuse_good_clients, seed=args.seed,
-                   include_known_bugs=args.abuse_known_bugs)
+                   include_known_bugs=args.abuse_known_bugs, good_from=args.abuse_good_from)
     print(f"\nServing under abuse: {r['bad_total']} bad requests (hypothesis, seed "
           f"{args.seed}) interleaved with {args.abuse_good_clients} good clients, "
           f"{r['seconds']:.0f} s ({r['requests_per_sec']:.0f} bad requests/s)")
@@ -911,6 +977,11 @@ def _print_fuzz(args):
     for category, status, head in r["non_4xx"][:8]:
         print(f"    {category}: {status} <- {head[:100]!r}")
     print(f"  good episodes completed: {r['good_episodes']}, errors: {len(r['good_errors'])}")
+    if "good_start" in r["rss_mib"]:
+        print(f"  bad requests alone (the first {args.abuse_good_from:.0%}): RSS MiB after "
+              f"warm-up {r['rss_mib']['warm']:.1f} -> {r['rss_mib']['good_start']:.1f} (flat: "
+              f"<= {RSS_GROWTH_BAD_ONLY_MIB:g}), OS threads {r['threads']['warm']} -> "
+              f"{r['threads']['good_start']}")
     print(f"  RSS MiB: start {r['rss_mib']['start']:.1f}, after warm-up "
           f"{r['rss_mib']['warm']:.1f}, max {r['rss_mib']['max_after_warmup']:.1f}, end "
           f"{r['rss_mib']['end']:.1f} (flat: end - warm-up <= {RSS_GROWTH_MIB:g})")
@@ -959,6 +1030,9 @@ def add_arguments(parser):
     parser.add_argument("--abuse_good_clients", type=int, default=4)
     parser.add_argument("--abuse_vanishing", type=int, default=100)
     parser.add_argument("--abuse_idle_timeout", type=float, default=0.5)
+    parser.add_argument("--abuse_good_from", type=float, default=0.0,
+                        help="the good clients start once this fraction of the bad "
+                        "requests is sent (0: from the start)")
     parser.add_argument("--abuse_known_bugs", action="store_true",
                         help="also send the request shapes of KNOWN_BUG_CATEGORIES")
 
