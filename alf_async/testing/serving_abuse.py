@@ -564,7 +564,7 @@ def _good_client(address, k, stop, results, min_episodes, rng_seed):
         e = 0
         while not stop.is_set() or done < min_episodes:
             e += 1
-            episode = 100 * k + e % 50
+            episode = (100 * k + e % 50) % (OBS_HIGH + 1)
             try:
                 eid = client.start_episode()
                 for s in range(int(rng.integers(1, 6))):
