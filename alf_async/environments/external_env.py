@@ -547,6 +547,9 @@ class _Hub(object):
         """See ExternalEnv.log_returns."""
         try:
             r = float(reward)
+        except OverflowError:  # an int beyond float range (e.g. 10**400 from JSON)
+            raise ValueError(f"reward: expected a finite number, got an integer of "
+                             f"{len(str(reward))} digits") from None
         except (TypeError, ValueError):
             raise ValueError(f"reward: expected a number, got {reward!r:.80}") from None
         if not np.isfinite(r):

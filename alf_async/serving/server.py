@@ -288,6 +288,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # and the client's delayed ACK add ~40 ms to every response.
     disable_nagle_algorithm = True
 
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals, as 4xx: it answers 501 to a method we do
+        not serve and 505 to an HTTP version other than 1.x; both are the
+        client's request at fault, so 405 and 400."""
+        if code == 501:
+            code, message = 405, f"method {self.command!r} is not allowed: use GET or POST"
+        elif code == 505:
+            code = 400
+            message = f"HTTP version not supported: {message or ''} (use HTTP/1.1)"
+        super().send_error(code, message, explain)
+
     def log_message(self, format, *args):  # pylint: disable=redefined-builtin
         logger.debug("%s - " + format, self.address_string(), *args)
 
@@ -376,7 +387,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         f"server's limit of {env._max_body}", body_unread=True)
             self._discard(min(length, _MAX_DISCARD_BYTES))
             return None
-        return self.rfile.read(length)
+        body = self.rfile.read(length)
+        if len(body) != length:
+            # The client closed (or half-closed) before sending what it
+            # announced: never apply the start of a body.
+            self._error("BadRequest", f"the body ended after {len(body)} of the "
+                        f"{length} bytes its Content-Length announced", body_unread=True)
+            return None
+        return body
 
     def _discard(self, length):
         """Reads (and drops) a refused body, so that the client gets to read our
