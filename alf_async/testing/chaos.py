@@ -105,8 +105,9 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     random child every ~`interval` seconds (uniform in [0.5, 1.5] x interval),
     `num_kills` times. Returns a dict of figures (see the keys at the end).
 
-    A child is only picked once its previous restart has been seen to finish
-    (its row's new FIRST reached the learner), so every kill is mid-episode
+    Kills start once every row has reached the learner, and a child is only
+    picked once its previous restart has been seen to finish (its row's new
+    FIRST after the truncation reached the learner), so every kill is mid-episode
     (episodes never end by themselves) and owes exactly one restart and one
     truncation.
     """
@@ -135,6 +136,7 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     kills = {}        # env_id -> kills
     pids_seen = set()
     chaos_done = threading.Event()
+    warm = threading.Event()  # every row reached the learner once
     stop_chaos = threading.Event()
     chaos_error = []
     start = time.monotonic()
@@ -145,6 +147,9 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     def chaos():
         try:
             n = 0
+            while not warm.wait(0.05):
+                if stop_chaos.is_set():
+                    return
             while n < num_kills and not stop_chaos.is_set():
                 if stop_chaos.wait(rng.uniform(0.5, 1.5) * interval):
                     return
@@ -194,9 +199,15 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
             with lock:
                 for r, env_id in enumerate(env_ids.numpy()):
                     env_id = int(env_id)
-                    rows.setdefault(env_id, []).append((st[r], nst[r], disc[r], obs[r]))
-                    if env_id in pending and (st[r] == FIRST).any():
+                    unrolls = rows.setdefault(env_id, [])
+                    # The restart is done once the new child's FIRST (after
+                    # the boundary LAST) reached the learner.
+                    prev = np.concatenate([unrolls[-1][0][-1:] if unrolls else [FIRST], st[r]])
+                    unrolls.append((st[r], nst[r], disc[r], obs[r]))
+                    if env_id in pending and ((prev[1:] == FIRST) & (prev[:-1] == LAST)).any():
                         pending.discard(env_id)
+                if len(rows) == num_envs * env_batch_size:
+                    warm.set()
             if chaos_done.is_set():
                 with lock:
                     if not pending:
