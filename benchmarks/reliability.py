@@ -8,6 +8,9 @@
 - faults: an exception injected at a random moment into env step, env reset,
   the policy or an observer: does it reach the learner with its type, how
   fast, does stop() stay clean, does a new driver in the same process work.
+- serving under abuse (alf_async.testing.serving_abuse): hypothesis-fuzzed
+  bad requests interleaved with good clients, and clients that vanish
+  mid-episode (--abuse_* flags; 0 skips a trial).
 """
 
 import argparse
@@ -16,6 +19,7 @@ import time
 
 import numpy as np
 
+from alf_async.testing import serving_abuse
 from alf_async.testing.reliability import fault_trial, lifecycle_trial
 
 
@@ -56,10 +60,12 @@ def main():
     parser.add_argument("--lifecycles", type=int, default=200)
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    serving_abuse.add_arguments(parser)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     start = time.time()
     bad = lifecycles(args.lifecycles, rng) + faults(args.faults, rng)
+    bad += serving_abuse.print_full_figures(args)
     print(f"\n{len(bad)} failures in {time.time() - start:.0f} s")
     for r in bad:
         print("  ", r)

@@ -210,7 +210,7 @@ def parse_command(obj, allowed=None):
         raise ProtocolError("BadRequest", f"a command must be a JSON object, got "
                             f"{type(obj).__name__}")
     command = obj.get("command")
-    if command not in allowed:
+    if not isinstance(command, str) or command not in allowed:
         raise ProtocolError("BadRequest", f"unknown command {command!r}; expected one of "
                             f"{sorted(allowed)}")
     required, optional = COMMANDS[command]
