@@ -289,13 +289,19 @@ def _train_cmd(root_dir, gin_file, gin_params):
 
 
 def _latest(root_dir):
-    """(path, step) of the latest complete checkpoint, after checking it loads."""
+    """(path, step, counters) of the latest complete checkpoint, read from
+    disk (raises on a corrupt or partial one); counters: the trainer's
+    checkpointed {"env_steps", "iterations"}."""
     import tensorflow as tf
     path = tf.train.latest_checkpoint(os.path.join(root_dir, "train"))
     if path is None:
-        return None, None
-    tf.train.load_checkpoint(path)  # raises on a corrupt or partial checkpoint
-    return path, int(path.rsplit("-", 1)[1])
+        return None, None, {}
+    reader = tf.train.load_checkpoint(path)
+    counters = {}
+    for name in reader.get_variable_to_shape_map():
+        if name.startswith("counters/"):
+            counters[name.split("/")[1]] = int(reader.get_tensor(name))
+    return path, int(path.rsplit("-", 1)[1]), counters
 
 
 def _temp_files(root_dir):
@@ -367,11 +373,12 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
 
     for cycle in range(num_kills + 1):
         final = cycle == num_kills
-        before_path, before_step = _latest(root_dir)
+        before_path, before_step, before_counters = _latest(root_dir)
         temps_before = _temp_files(root_dir)
         run_params = list(params)
         if final:
             # More iterations than any run reached: the final run must train.
+            reached = max(reached, before_counters.get("iterations", 0))
             run_params[0] = f"train.num_iterations = {reached + final_iterations}"
         delay = None if final else float(rng.uniform(0, max_kill_delay))
         t0 = time.monotonic()
@@ -395,9 +402,12 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         else:
             path, gs, es, it = resumed.group(1), *map(int, resumed.groups()[1:])
             info.update(resumed_step=gs, resumed_env_steps=es, resumed_iteration=it)
-            if os.path.basename(path) != os.path.basename(before_path) or gs != before_step:
-                problems.append(f"{where}: resumed from {path} (step {gs}), the latest was "
-                                f"{before_path}")
+            if os.path.basename(path) != os.path.basename(before_path) or gs != before_step \
+                    or (es, it) != (before_counters.get("env_steps"),
+                                    before_counters.get("iterations")):
+                problems.append(f"{where}: resumed from {path} (step {gs}, env steps {es}, "
+                                f"iteration {it}), the latest was {before_path} "
+                                f"{before_counters}")
         # Within one run, counters go up; across runs, the resume point never
         # goes back past the previous resume point.
         if resumed:
@@ -412,7 +422,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
                     problems.append(f"{where}: {name} went back {run_high[name]} -> {v} "
                                     "within a run")
                 run_high[name] = max(run_high[name], v)
-        after_path, after_step = _latest(root_dir)
+        after_path, after_step, _ = _latest(root_dir)
         info["after"] = after_step
         # A kill during a save leaves the save's temporary files behind.
         info["mid_save"] = bool(killed and _temp_files(root_dir) - temps_before)
