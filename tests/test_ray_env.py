@@ -73,7 +73,11 @@ def test_killed_actor_is_replaced_and_its_episodes_truncated(no_ray_left):
                      exp.observation[r].numpy()))
 
     try:
+        # Kill only once every row has reached the learner: a kill before an
+        # env thread's first step has no episode in flight to truncate.
         collect(3)
+        while len(rows) < 8:
+            collect(1)
         victim_env = driver.environments[0]
         ray.kill(victim_env.pyenv.actor_handles()[1])  # rows 2 and 3 of env thread 0
         while not all(any((row[0] == LAST).any() for row in rows.get(i, [])[-3:-1])

@@ -48,7 +48,10 @@ def test_killed_child_is_a_truncation_then_a_fresh_episode():
                      exp.discount[r].numpy(), exp.observation[r].numpy()))
 
     try:
+        # Kill only once every row has reached the learner (see test_ray_env).
         collect(3)
+        while len(rows) < 4:
+            collect(1)
         victim = driver.environments[0].pyenv.envs[0]
         pids = [e.pid for env in driver.environments for e in env.pyenv.envs]
         os.kill(victim.pid, signal.SIGKILL)
