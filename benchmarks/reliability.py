@@ -1,6 +1,9 @@
 """Reliability figures at full counts (tests/stress runs the same trials reduced).
 
     python benchmarks/reliability.py [--lifecycles 200] [--faults 100] [--seed 0]
+        [--chaos_kills 100] [--checkpoint_kills 20] [--abuse_bad_requests 10000] ...
+
+benchmarks/soak.py is the long-running companion (RSS, threads, fds, children).
 
 - lifecycles: drivers stopped at random moments (never started, warm-up,
   running, learner blocked in run_async, right after an env error, actor
@@ -8,6 +11,10 @@
 - faults: an exception injected at a random moment into env step, env reset,
   the policy or an observer: does it reach the learner with its type, how
   fast, does stop() stay clean, does a new driver in the same process work.
+- crashing simulators and checkpoints (alf_async.testing.chaos): a training
+  run on SubprocessEnvs whose children are kill -9'ed, every kill one
+  restart and one truncation, no other step lost; kill -9 of the training
+  CLI and resume from the same root_dir (--chaos_* / --checkpoint_kills).
 - serving under abuse (alf_async.testing.serving_abuse): hypothesis-fuzzed
   bad requests interleaved with good clients, and clients that vanish
   mid-episode (--abuse_* flags; 0 skips a trial).
@@ -19,7 +26,7 @@ import time
 
 import numpy as np
 
-from alf_async.testing import serving_abuse
+from alf_async.testing import chaos, serving_abuse
 from alf_async.testing.reliability import fault_trial, lifecycle_trial
 
 
@@ -60,11 +67,13 @@ def main():
     parser.add_argument("--lifecycles", type=int, default=200)
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    chaos.add_flags(parser)
     serving_abuse.add_arguments(parser)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     start = time.time()
     bad = lifecycles(args.lifecycles, rng) + faults(args.faults, rng)
+    bad += chaos.print_full_figures(args)
     bad += serving_abuse.print_full_figures(args)
     print(f"\n{len(bad)} failures in {time.time() - start:.0f} s")
     for r in bad:
