@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 
 from alf_async import trainer  # noqa: E402
 from alf_async.environments import suites  # noqa: E402
+from test_trainer import read_scalars  # noqa: E402
 
 GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin_configs")
 
@@ -43,6 +44,9 @@ def test_gymnasium_environment_reaches_the_learner(tmp_path):
 def test_subprocess_environments_reach_the_learner(tmp_path, suite, env_name):
     smoke_run(tmp_path, ["train.make_env_f = @make_subprocess_env_f",
                          f"train.suite = '{suite}'", f"train.env_name = '{env_name}'"])
+    # Their restart count is a training summary (0 here: nothing crashed).
+    restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
+    assert restarts and all(value == 0 for _, value in restarts)
 
 
 @pytest.mark.timeout(180)

@@ -679,14 +679,8 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Tr
         rss_max, threads_max = 0.0, 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if receiver.poll(0.25):
-                try:
-                    figures = receiver.recv()
-                except EOFError:
-                    pass
-                break
-            if not child.is_alive() and not receiver.poll(0):
-                break
+            # Sample before looking for the results: a fast child may finish
+            # between two polls, and the warm-up sample must not be missed.
             if progress.value >= warm_at:
                 r, th = proc_status()
                 if "warm" not in rss:
@@ -697,6 +691,19 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Tr
                 rss["good_start"], threads["good_start"] = proc_status()
                 for t in clients:
                     t.start()
+            if receiver.poll(0.25):
+                try:
+                    figures = receiver.recv()
+                except EOFError:
+                    pass
+                break
+            if not child.is_alive() and not receiver.poll(0):
+                break
+        # A short fuzz can end within one poll: sample now what was not sampled.
+        if "warm" not in rss:
+            rss["warm"], threads["warm"] = proc_status()
+        if good_from > 0 and "good_start" not in rss:
+            rss["good_start"], threads["good_start"] = proc_status()
         stop.set()
         for t in clients:
             if t.ident is None:
