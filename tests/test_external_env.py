@@ -127,18 +127,28 @@ def learn_until_finished(driver, learner_filter, max_batches=50):
     return raw, filtered
 
 
-def run_scripted(episodes, observers=(), **ext_kwargs):
-    ext = ScriptedEnv(episodes, **ext_kwargs)
+def learn_filtered(ext, max_batches=50, **driver_kwargs):
+    """Runs a driver over `ext` with its bound filter until ext's data ends.
+
+    Returns (driver, learner_filter, raw batches, filtered batches).
+    """
     learner_filter = ext.experience_filter()
-    seen = []
-    driver = make_driver(ext, observers=[lambda t: seen.append(numpy(t))] + list(observers))
+    driver = make_driver(ext, **driver_kwargs)
     learner_filter.bind(driver)
     driver.start()
     try:
-        raw, filtered = learn_until_finished(driver, learner_filter)
+        raw, filtered = learn_until_finished(driver, learner_filter, max_batches)
     finally:
         driver.stop()
         ext.join(5)
+    return driver, learner_filter, raw, filtered
+
+
+def run_scripted(episodes, observers=(), **ext_kwargs):
+    ext = ScriptedEnv(episodes, **ext_kwargs)
+    seen = []
+    driver, learner_filter, raw, filtered = learn_filtered(
+        ext, observers=[lambda t: seen.append(numpy(t))] + list(observers))
     metrics = [m.result().numpy() for m in driver.get_metrics()]
     return ext, learner_filter, raw, filtered, seen, metrics
 
@@ -413,15 +423,7 @@ def test_more_waiting_slots_than_tf_inter_op_threads_do_not_deadlock():
     # inter-op threads (2 on a 2-core machine) and the driver deadlocked; the
     # driver now steps blocking_step environments off that pool.
     ext = ScriptedEnv([three_steps() for _ in range(7)])
-    learner_filter = ext.experience_filter()
-    driver = make_driver(ext, num_envs=6, unroll_length=1)
-    learner_filter.bind(driver)
-    driver.start()
-    try:
-        raw, filtered = learn_until_finished(driver, learner_filter, max_batches=100)
-    finally:
-        driver.stop()
-        ext.join(5)
+    driver, _, _, filtered = learn_filtered(ext, max_batches=100, num_envs=6, unroll_length=1)
     # unroll_length 1: each episode's 3 in-episode transitions complete on
     # their own (a boundary waits for the next episode on the same slot).
     learned = [exp.observation[0, 0].tolist() for exp in filtered

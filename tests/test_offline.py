@@ -6,7 +6,7 @@ import pytest
 from alf_async.environments.external_env import ExternalEnvFinished
 from alf_async.environments.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
                                             read_episodes)
-from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_until_finished, make_driver,
+from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_filtered, make_driver,
                                no_external_env_threads_left, policy_action)
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,15 +46,7 @@ def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
     path = str(tmp_path / "log.jsonl")
     write_log(path)
     ext = OfflineEnv([path], ACTION_SPEC, OBS_SPEC, num_epochs=2, num_workers=1)
-    learner_filter = ext.experience_filter()
-    driver = make_driver(ext)
-    learner_filter.bind(driver)
-    driver.start()
-    try:
-        raw, filtered = learn_until_finished(driver, learner_filter)
-    finally:
-        driver.stop()
-        ext.join(5)
+    driver, learner_filter, raw, filtered = learn_filtered(ext)
     # 2 epochs x 3 episodes of 4 transitions each; the last one's boundary never comes.
     assert len(filtered) == 5
     assert (ext.episodes_fed, ext.steps_fed) == (6, 18)
