@@ -148,7 +148,17 @@ class UniformReplayer(tf.Module):
             # Steps ever written per row; the row's cursor is written % capacity.
             self._written = tf.Variable(tf.zeros([num_rows], tf.int64), trainable=False,
                                         name="written")
-        self._add = tf.function(self._add_graph, autograph=False)
+        # A signature with free [rows, T] so that one trace serves every batch
+        # and `trace()` can build it before the first batch arrives.
+        batch_spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None, None] + s.shape.as_list(), s.dtype), data_spec)
+        self._add = tf.function(self._add_graph, autograph=False, input_signature=(
+            batch_spec, tf.TensorSpec([None], tf.int32)))
+
+    def trace(self):
+        """Builds the graph that writes a batch, without writing one (the
+        trainer does it while the driver collects its first batch)."""
+        self._add.get_concrete_function()
 
     @property
     def capacity_per_row(self):
@@ -161,7 +171,7 @@ class UniformReplayer(tf.Module):
     def __call__(self, exp, env_ids):
         """Appends each row of `exp` [N, T, ...] to the ring of its env id."""
         tf.nest.assert_same_structure(self._spec, exp)
-        T = tf.nest.flatten(exp)[0].shape[1]
+        T = int(tf.nest.flatten(exp)[0].shape[1])
         env_ids = tf.convert_to_tensor(env_ids, tf.int32)
         most = int(np.bincount(env_ids.numpy()).max()) * T
         if most > self._capacity:
