@@ -1,6 +1,39 @@
 """alf_async: an asynchronous off-policy training driver for TF2 and tf-agents."""
 
-from setuptools import find_packages, setup
+import sys
+import sysconfig
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Builds alf_async._eager_tensor_fix where it can; never fails the install.
+
+    The extension frees what TF 2.15's EagerTensor leaks on CPython 3.11 (see
+    alf_async/eager_tensor_fix.py). Without a compiler it is skipped and
+    alf_async warns at run time that the leak is still there.
+    """
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # pylint: disable=broad-except
+            print(f"alf_async: not building the EagerTensor leak fix: {e}", file=sys.stderr)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # pylint: disable=broad-except
+            print(f"alf_async: not building {ext.name}: {e}", file=sys.stderr)
+
+
+# Only CPython 3.11 has the leak (and the internal header the fix reads).
+EXTENSIONS = [
+    Extension("alf_async._eager_tensor_fix", ["alf_async/_eager_tensor_fix.c"],
+              include_dirs=[sysconfig.get_paths()["include"] + "/internal"],
+              define_macros=[("Py_BUILD_CORE_MODULE", "1")]),
+] if sys.version_info[:2] == (3, 11) and sys.implementation.name == "cpython" else []
 
 # The pinned stack (see DESIGN.md): tf-agents 0.19 is the newest release and
 # supports TF 2.15 at most; gym 0.23 is what its suite_gym loads.
@@ -28,6 +61,8 @@ setup(
     packages=find_packages(include=["alf_async", "alf_async.*"]),
     python_requires=">=3.10,<3.12",
     install_requires=STACK,
+    ext_modules=EXTENSIONS,
+    cmdclass={"build_ext": OptionalBuildExt},
     extras_require={
         # gymnasium 1.3.0 is the newest release that installs beside
         # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tf_agents.trajectories import trajectory as trajectory_lib
 
+from alf_async import eager_tensor_fix
 from alf_async import metrics as metrics_lib
 from alf_async.actor_thread import ActorThread
 from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks
@@ -41,6 +42,10 @@ from alf_async.log_thread import LogThread
 from alf_async.queues import TFQueues, check_queue_config
 
 logger = logging.getLogger(__name__)
+
+# Every EagerTensor leaks ~48 bytes on TF 2.15 + Python 3.11; the driver's
+# threads and the learner make them for as long as a run lasts.
+eager_tensor_fix.install()
 
 
 class DriverStoppedError(RuntimeError):
