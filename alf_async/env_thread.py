@@ -144,8 +144,7 @@ class EnvThread(threading.Thread):
         flat_state = [np.asarray(t) for t in tf.nest.flatten(self._initial_policy_state)]
         while True:
             transitions = []
-            waited = 0.0  # added to the variable once per unroll: each eager
-            # assign_add grew the process by ~48 bytes (measured)
+            waited = 0.0  # added to the variable once per unroll
             for _ in range(self._T):
                 request.enqueue(tf.nest.flatten(time_step) + flat_state + [env_id])
                 start = time.perf_counter()
@@ -162,8 +161,10 @@ class EnvThread(threading.Thread):
             unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
             self._queues.log_queue.queue.enqueue(unroll)
             self._queues.learn_queue.queue.enqueue(unroll)
-            self._steps.assign_add(self._T * self._B)
-            self._wait.assign_add(waited)
+            self._steps.assign_add(self._T * self._B, read_value=False)
+            # As a numpy value: TF caches the tensor of every distinct Python
+            # float it converts, forever (~650 bytes each, measured).
+            self._wait.assign_add(np.asarray(waited), read_value=False)
 
     # ------------------------------------------------------------------ graph
 
