@@ -24,17 +24,24 @@ environments built, nothing traced yet) and includes evaluations.
 Every run is its own process (one at a time; per seed async, then each
 sync), capped at --cap seconds of loop time.
 
-    python benchmarks/time_to_solve.py --seeds 1 2 3 4 5 6 7 8 [--cap 120] [--sync_env both]
+    python benchmarks/time_to_solve.py --seeds 1 2 3 4 5 6 7 8 [--cap 120] [--sync_env both] [--sync_prebuild both]
 
-What it measured (2 shared cores, seeds 1-8, cap 120 s, dqn_cartpole.gin;
-no run left unsolved): with `--sync_env both`, async median 2.0 s vs
-sync/suite_gym 4.4 s (ratio 0.46) and sync/gym_batch 3.2 s (ratio 0.65);
-two earlier single-baseline runs gave 0.59 (suite_gym) and 0.98
-(gym_batch). Run-to-run spread is large at these times: ~1 s of every run is
-tracing, and with BatchedGymEnv collection is only ~20% of a synchronous
-iteration (16 train steps per 256 env steps), so much of the gain over the
-tf-agents stack comes from the environment layer; the driver's overlap
-pays most where stepping the environments costs about as much as training.
+`--sync_prebuild` decides how the baseline's Adam gets its slot variables:
+`no` (default) lazily in the first train step, as in tf-agents' examples
+(a tf.function that creates variables is traced twice); `yes` before the
+first trace, as alf_async's agent builders do (agents.build_optimizer);
+`both` runs both baselines.
+
+What it measured (2 cores, 2026-11-21, seeds 1-16, cap 120 s,
+dqn_cartpole.gin, `--sync_prebuild both`; no run left unsolved): async
+median 1.9 s vs sync 3.5 s (ratio 0.54) and vs the prebuilt sync 2.9 s
+(0.64). At equal env steps to solve the async run takes 0.53-0.65 of the
+synchronous one: ~0.7 s of every run on either side is tracing and graph
+instantiation before the first train step, and a synchronous iteration
+(collect 256 steps, train 16) costs ~2.5x an asynchronous one. Runs solve at
+the first to fourth evaluation mostly, so the fixed cost weighs heavily and
+the ratio of medians moves with which evaluation each side happens to solve
+at (0.46-0.76 over today's runs).
 """
 
 import argparse
@@ -72,7 +79,7 @@ def run_async(seed, cap, root_dir):
     return result.solved_secs, result.env_steps
 
 
-def run_sync(seed, cap, sync_env):
+def run_sync(seed, cap, sync_env, prebuild):
     """The synchronous tf-agents loop with the same gin-configured agent and settings."""
     import gin
     import tensorflow as tf
@@ -105,7 +112,8 @@ def run_sync(seed, cap, sync_env):
     eval_env = suites.load("suite_gym", env_name, batch_size=q("train.num_eval_episodes"),
                            seed=seed + 1000003)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
-    agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), global_step)
+    agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), global_step,
+                             prebuild_optimizer=prebuild)
     agent.initialize()
     buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
         agent.collect_data_spec, batch_size=num_rows,
@@ -145,15 +153,17 @@ def one_run(args):
     if args.one == "async":
         secs, env_steps = run_async(args.seed, args.cap, args.root_dir)
     else:
-        secs, env_steps = run_sync(args.seed, args.cap, args.sync_env)
+        secs, env_steps = run_sync(args.seed, args.cap, args.sync_env,
+                                   args.sync_prebuild == "yes")
     print(json.dumps({"secs": secs, "env_steps": env_steps}), flush=True)
 
 
 def spawn(kind, seed, args, root_dir):
-    kind, _, sync_env = kind.partition(":")
+    kind, _, variant = kind.partition(":")
+    sync_env, _, prebuilt = variant.partition(":")
     cmd = [sys.executable, os.path.abspath(__file__), "--one", kind, "--seed", str(seed),
            "--cap", str(args.cap), "--gin_file", args.gin_file,
-           "--sync_env", sync_env or "suite_gym",
+           "--sync_env", sync_env or "suite_gym", "--sync_prebuild", "yes" if prebuilt else "no",
            "--root_dir", root_dir] + sum((["--gin_param", p] for p in args.gin_param), [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cap + 180)
     for line in reversed(proc.stdout.splitlines()):
@@ -171,6 +181,10 @@ def main():
     parser.add_argument("--gin_param", action="append", default=[])
     parser.add_argument("--sync_env", choices=["suite_gym", "gym_batch", "both"],
                         default="suite_gym")
+    parser.add_argument("--sync_prebuild", choices=["no", "yes", "both"], default="no",
+                        help="give the sync baseline's optimizer its slots before the first "
+                             "trace as alf_async's agent builders do (yes), leave them to the "
+                             "first train step as tf-agents' examples do (no), or run both")
     parser.add_argument("--work_dir", default="/tmp/alf_async_time_to_solve")
     parser.add_argument("--one", choices=["async", "sync"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -182,7 +196,8 @@ def main():
     import shutil
     sync_envs = ["suite_gym", "gym_batch"] if args.sync_env == "both" else [args.sync_env]
     times = {"async": []}
-    times.update({f"sync:{e}": [] for e in sync_envs})
+    prebuilds = {"no": [""], "yes": [":prebuilt"], "both": ["", ":prebuilt"]}[args.sync_prebuild]
+    times.update({f"sync:{e}{p}": [] for e in sync_envs for p in prebuilds})
     print(f"DQN CartPole-v0 time to first eval AverageReturn >= {SOLVED:.0f}: {args.gin_file}, "
           f"seeds {args.seeds}, cap {args.cap:.0f} s per run, sync env {args.sync_env}",
           flush=True)
@@ -194,7 +209,7 @@ def main():
             shutil.rmtree(root_dir, ignore_errors=True)
             times[kind].append(result["secs"])
             shown = "not solved" if result["secs"] is None else f"{result['secs']:.1f} s"
-            print(f"  seed {seed:3d} {kind:15s}: {shown:>11s}  ({result['env_steps']} env steps)",
+            print(f"  seed {seed:3d} {kind:24s}: {shown:>11s}  ({result['env_steps']} env steps)",
                   flush=True)
     medians = {}
     for kind, values in times.items():
@@ -202,7 +217,7 @@ def main():
         capped = [args.cap if v is None else v for v in values]
         medians[kind] = statistics.median(capped)
         unsolved = sum(v is None for v in values)
-        print(f"{kind:15s}: median {medians[kind]:.1f} s over {len(values)} runs, "
+        print(f"{kind:24s}: median {medians[kind]:.1f} s over {len(values)} runs, "
               f"{unsolved} not solved within {args.cap:.0f} s")
     for kind in times:
         if kind != "async":
