@@ -26,10 +26,7 @@ import sys
 import threading
 import time
 
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from soak import rss_mb  # benchmarks/ is this script's directory
 
 
 def one_run(blocking, seconds, sample_secs):
@@ -55,7 +52,7 @@ def one_run(blocking, seconds, sample_secs):
     def sampler():
         start = time.monotonic()
         while not done.wait(0 if not samples else sample_secs):
-            samples.append((time.monotonic() - start, steps[0], rss_mib()))
+            samples.append((time.monotonic() - start, steps[0], rss_mb(os.getpid())))
 
     driver.start()
     thread = threading.Thread(target=sampler, daemon=True)
@@ -68,7 +65,7 @@ def one_run(blocking, seconds, sample_secs):
         done.set()
         thread.join()
         driver.stop()
-    samples.append((samples[-1][0] + sample_secs, steps[0], rss_mib()))
+    samples.append((samples[-1][0] + sample_secs, steps[0], rss_mb(os.getpid())))
     return dict(samples=samples, fix=eager_tensor_fix.install())
 
 
