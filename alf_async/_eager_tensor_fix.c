@@ -5,8 +5,8 @@
  * the object (object_new -> _PyObject_InitializeDict). CPython's own
  * subtype_dealloc frees it; TF's EagerTensor_dealloc calls tp_free directly
  * and never does, so every EagerTensor made from Python leaks 40-48 bytes
- * (tensorflow/tensorflow#62551). In the driver that was ~27 bytes per env
- * step, without end: a week-long run grows by gigabytes.
+ * (tensorflow/tensorflow#62551). In the driver that was ~29 bytes per env
+ * step (benchmarks/memory.py), without end: a week-long run grows by gigabytes.
  *
  * What: wraps EagerTensor's tp_dealloc. For instances of exactly that type
  * (subclasses go through subtype_dealloc, which frees the array itself), it

@@ -35,13 +35,12 @@ first trace, as alf_async's agent builders do (agents.build_optimizer);
 What it measured (2 cores, 2026-11-21, seeds 1-16, cap 120 s,
 dqn_cartpole.gin, `--sync_prebuild both`; no run left unsolved): async
 median 1.9 s vs sync 3.5 s (ratio 0.54) and vs the prebuilt sync 2.9 s
-(0.64). At equal env steps to solve the async run takes 0.53-0.65 of the
-synchronous one: ~0.7 s of every run on either side is tracing and graph
-instantiation before the first train step, and a synchronous iteration
-(collect 256 steps, train 16) costs ~2.5x an asynchronous one. Runs solve at
-the first to fourth evaluation mostly, so the fixed cost weighs heavily and
-the ratio of medians moves with which evaluation each side happens to solve
-at (0.46-0.76 over today's runs).
+(0.64). At equal env steps to solve the async run takes 0.51-0.67 of the
+synchronous one (e.g. 1.3-1.4 s against 2.1-2.4 s at the first
+evaluation): more than a second goes before the first evaluation on either
+side, mostly start-up, and runs solve at the first to fourth evaluation
+mostly, so the ratio of medians moves with which evaluation each side
+happens to solve at (0.46-0.76 over today's runs).
 """
 
 import argparse
