@@ -111,6 +111,7 @@ class AsyncOffPolicyDriver(object):
         self._started = False
         self._stopped = False
         self._stop_lock = threading.Lock()
+        self._merged_shapes = None  # see get_training_exps
 
     def _build(self, num_envs, num_actor_queues, actor_queue_cap, observers, metrics):
         B = self._env_batch_size
@@ -200,17 +201,24 @@ class AsyncOffPolicyDriver(object):
             raise DriverStoppedError("call start() before get_training_exps()/run_async()")
         if self._coord.should_stop():
             self._raise_stopped()
+        rows = self._learn_queue_cap * self._env_batch_size
         try:
+            if self._learn_queue_cap == 1:
+                # One unroll is the whole batch: already [B, T, ...], no reshape.
+                trajectory, env_ids = self._queues.learn_queue.dequeue()
+                return trajectory, env_ids, rows * self._unroll_length
             trajectory, env_ids = self._queues.learn_queue.dequeue_all()
         except QUEUE_CLOSED_ERRORS:
             self._raise_stopped()
-        rows = self._learn_queue_cap * self._env_batch_size
-
-        def merge(t):
-            return tf.reshape(t, [rows] + t.shape[2:].as_list())
-
-        exp = tf.nest.map_structure(merge, trajectory)
-        env_ids = tf.reshape(env_ids, [rows])
+        if self._merged_shapes is None:
+            # Shape tensors made once: an eager reshape given a Python list
+            # takes TF's slow fallback path (~45 us against ~10 us per field,
+            # every iteration on the learner's thread).
+            self._merged_shapes = tf.nest.map_structure(
+                lambda t: tf.constant([rows] + t.shape[2:].as_list(), tf.int32),
+                (trajectory, env_ids))
+        exp, env_ids = tf.nest.map_structure(tf.reshape, (trajectory, env_ids),
+                                             self._merged_shapes)
         return exp, env_ids, rows * self._unroll_length
 
     def run_async(self):
