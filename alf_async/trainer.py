@@ -23,11 +23,14 @@ global (train) step, the iteration and env-step counters and the metrics go
 on where they were; `num_iterations` / `num_env_steps` are totals.
 
 Threads: `train()` runs on the caller's thread (the learner); the driver's
-threads act and collect meanwhile. It blocks in `run_async()` (until the
-learn queue is full) and in training/evaluation.
+threads act and collect meanwhile, and one helper thread builds graphs at
+start-up (`_WarmUp`: the train iteration's dry call, the evaluation's trace).
+It blocks in `run_async()` (until the learn queue is full), in
+training/evaluation, and at most one trace or dry call long for the helper.
 """
 
 import collections
+import concurrent.futures
 import logging
 import os
 import time
@@ -272,6 +275,50 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_env
     return agent, driver, replayer, eval_env, checkpointer, counters, global_step
 
 
+class _WarmUp(object):
+    """Graph builds the learner hands to one helper thread, to overlap them
+    with its own work (see `_Loop._start_up`).
+
+    Threads: the learner's thread calls every method; the helper thread
+    ("alf_async_warm_up") runs the jobs in order. A job is one bounded call —
+    a trace, or a graph call that waits on nothing — so `wait` and `close`
+    block at most that long.
+    """
+
+    def __init__(self):
+        self._executor = None
+        self._jobs = {}
+
+    def submit(self, name, fn, *args):
+        """Queues `fn(*args)` on the helper thread as job `name`."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="alf_async_warm_up")
+        self._jobs[name] = self._executor.submit(fn, *args)
+
+    def wait(self, name):
+        """Waits for job `name` (if submitted and not waited for yet); raises
+        its error, with its type."""
+        future = self._jobs.pop(name, None)
+        if future is not None:
+            future.result()
+
+    def close(self, reraise=True):
+        """Waits for every job and ends the thread; raises the first job's error
+        unless `reraise` is False (an error is in flight already: it is logged)."""
+        jobs, self._jobs = self._jobs, {}
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for name, future in jobs.items():
+            error = future.exception()
+            if error is None:
+                continue
+            if reraise:
+                raise error
+            logger.error("warm-up job %r failed too", name, exc_info=error)
+
+
 class _Loop(object):
     """The body of `train()` once everything is built (see `train` for the args)."""
 
@@ -282,7 +329,15 @@ class _Loop(object):
                  log_interval_secs, stop_event, print_fn):
         self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
         self._num_steps = agent.train_sequence_length
+        # One sample + agent.train (traced once), and the iteration: that step
+        # train_steps_per_iteration times in one graph call (see _train_graph).
         self._train_step = common.function(self._train_step_graph)
+        self._train_iteration = common.function(
+            self._train_graph, input_signature=[tf.TensorSpec([], tf.int32)])
+        self._train_iteration_fn = None  # its ConcreteFunction (see _train_fn)
+        self._steps_per_iteration = tf.constant(train_steps_per_iteration)
+        self._training = False  # see _can_train
+        self._warm_up = _WarmUp()
         self._health = DriverHealth(driver)
         self._evaluations = []
         self._solved_secs = None
@@ -290,16 +345,51 @@ class _Loop(object):
         self._config_written = False
 
     def _train_step_graph(self):
-        """One sample + agent.train, one graph call (sampling reads the replayer's
-        variables, so it sees every write).
-
-        The train steps of an iteration are separate calls: running them all
-        in one graph (a tf.while_loop) measured ~3% more train steps/s on
-        CartPole but traces agent.train twice, ~1 s more before the first
-        step, which is a third of a whole CartPole solve.
-        """
+        """One sample + agent.train (sampling reads the replayer's variables, so
+        it sees every write)."""
         experience = self.replayer.sample(self.sample_batch_size, self._num_steps)
         return self.agent.train(experience)
+
+    def _train_graph(self, num_steps):
+        """`num_steps` train steps in one graph call; returns the last step's
+        LossInfo (zeros if `num_steps` is 0).
+
+        The step is traced once, as its own function, and called from a
+        tf.while_loop: one call per iteration instead of one per train step
+        spares the learner's thread ~0.2 ms of Python and a GIL hand-off per
+        step (the env and actor threads need the GIL too).
+
+        `num_steps` 0 is the dry call: it trains nothing but makes TF
+        instantiate the whole graph (grappler, kernels), which it otherwise
+        does inside the first real call, ~0.2 s on CartPole; `_start_up` makes
+        it on a helper thread.
+        """
+        step = self._train_step.get_concrete_function()
+        shapes = tf.nest.map_structure(lambda t: t.shape, step.structured_outputs)
+        # The loop starts from zeros shaped like the LossInfo (unknown
+        # dimensions as 0; the shape invariants keep them unknown).
+        zeros = tf.nest.map_structure(
+            lambda t: tf.zeros([d or 0 for d in t.shape.as_list()], t.dtype),
+            step.structured_outputs)
+        _, loss_info = tf.while_loop(
+            lambda i, _: i < num_steps, lambda i, _: (i + 1, step()), (tf.constant(0), zeros),
+            shape_invariants=(tf.TensorShape([]), shapes), parallel_iterations=1)
+        return loss_info
+
+    def _can_train(self):
+        """Whether training may start (it then goes on: replayers only grow)."""
+        self._training = (int(self.counters.env_steps) >= self.initial_collect_steps and
+                          self.replayer.can_sample(self._num_steps or 1))
+        if self._training and self.evaluator is not None:
+            self._warm_up.submit("eval", self.evaluator.trace)
+        return self._training
+
+    def _train_fn(self):
+        """The traced iteration, called as a ConcreteFunction: a tf.function's
+        own dispatch (signature binding, cache lookup) costs ~70 us more."""
+        if self._train_iteration_fn is None:
+            self._train_iteration_fn = self._train_iteration.get_concrete_function()
+        return self._train_iteration_fn
 
     def _should_stop(self):
         if self.stop_event is not None and self.stop_event.is_set():
@@ -316,14 +406,13 @@ class _Loop(object):
     def run(self):
         self._start = time.monotonic()
         self._last_log = (self._start, int(self.counters.env_steps), int(self.global_step))
-        self.driver.start()
         stopped_by = None
         try:
             # The agent's own summaries (tf-agents' Losses/...) every summary_interval.
             with tf.summary.record_if(
                     lambda: tf.equal(self.global_step % self.summary_interval, 0)):
                 with self.train_writer.as_default():
-                    self._trace()
+                    self._start_up()
                     stopped_by = self._loop()
         except DriverStoppedError:
             if self.stop_event is None or not self.stop_event.is_set():
@@ -332,23 +421,34 @@ class _Loop(object):
         except BaseException:
             # An error (or a second Ctrl-C): stop the threads, keep the last checkpoint.
             self._stop_driver_after_error()
+            self._warm_up.close(reraise=False)
             raise
         self.driver.stop()  # raises a driver thread's error not raised yet
+        self._warm_up.close()
         self._finish(stopped_by)
         return TrainResult(int(self.global_step), int(self.counters.env_steps),
                            int(self.counters.iterations), stopped_by, self._evaluations,
                            self._solved_secs)
 
-    def _trace(self):
-        """Traces the train step, the replayer's write and the evaluation
-        while the env threads trace their loops and collect the first
-        unrolls, instead of after (~0.5 s of a ~2 s CartPole solve)."""
+    def _start_up(self):
+        """Starts the driver and builds the graphs the loop runs first,
+        overlapping what can overlap on a 2-core machine (done one after
+        another, ~0.9 s of a ~2 s CartPole solve went by before the first
+        train step).
+
+        Tracing is Python and holds the GIL; TF's instantiation of a traced
+        function (grappler, kernels) is C++ that mostly releases it. So this
+        thread traces the train iteration first, the helper thread
+        instantiates it by a dry call (`_train_graph` with 0 steps) while the
+        env and actor threads trace their loops and this thread traces the
+        replayer's write. The evaluation is traced on the helper thread once
+        training starts (`_can_train`), off the way of the first unrolls.
+        """
         if getattr(self.replayer, "traceable_before_data", False):
-            self._train_step.get_concrete_function()
+            self._warm_up.submit("train", self._train_fn(), tf.constant(0))
+        self.driver.start()
         if hasattr(self.replayer, "trace"):
             self.replayer.trace()
-        if self.evaluator is not None:
-            self.evaluator.trace()
 
     def _stop_driver_after_error(self):
         try:
@@ -362,13 +462,12 @@ class _Loop(object):
             if stopped_by is not None:
                 return stopped_by
             steps = self.driver.run_async()
-            self.counters.iterations.assign_add(1)
-            self.counters.env_steps.assign_add(steps)
+            self.counters.iterations.assign_add(1, read_value=False)
+            self.counters.env_steps.assign_add(steps, read_value=False)
             before = int(self.global_step)
-            if int(self.counters.env_steps) >= self.initial_collect_steps and \
-                    self.replayer.can_sample(self._num_steps or 1):
-                for _ in range(self.train_steps_per_iteration):
-                    self._loss = self._train_step()
+            if self._training or self._can_train():
+                self._warm_up.wait("train")
+                self._loss = self._train_fn()(self._steps_per_iteration)
                 if not self._config_written:
                     self._write_operative_config()
             after = int(self.global_step)
@@ -396,6 +495,7 @@ class _Loop(object):
             self._health.write(step)
 
     def _evaluate(self, step):
+        self._warm_up.wait("eval")
         average_return, average_length = self.evaluator()
         secs = time.monotonic() - self._start
         env_steps = int(self.counters.env_steps)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-DRIVER_THREAD_PREFIXES = ("env", "actor", "log", "queue_closer")
+DRIVER_THREAD_PREFIXES = ("env", "actor", "log", "queue_closer", "alf_async_warm_up")
 
 
 def driver_threads():

@@ -178,3 +178,89 @@ def test_sac_plugs_in(tmp_path):
     losses = [v for _, v in read_scalars(str(tmp_path / "train"))["Learner/loss"]]
     assert losses and np.isfinite(losses).all()
     assert "Learner/critic_loss" in read_scalars(str(tmp_path / "train"))
+
+
+def _built_loop(root_dir, train_steps_per_iteration=3):
+    """A trainer._Loop over the smoke config's pieces, not run (the driver is
+    never started; the caller stops it)."""
+    agent, driver, replayer, eval_env, checkpointer, counters, global_step = trainer._build(
+        root_dir, "CartPole-v0", agents.dqn_agent, "suite_gym", suites.make_env_f,
+        replayers.UniformReplayer, num_envs=2, env_batch_size=2, num_actor_queues=1,
+        actor_queue_cap=2, unroll_length=4, learn_queue_cap=1, num_eval_episodes=2, seed=1)
+    eval_env.close()
+    loop = trainer._Loop(
+        root_dir=root_dir, agent=agent, driver=driver, replayer=replayer,
+        checkpointer=checkpointer, counters=counters, global_step=global_step, evaluator=None,
+        train_writer=tf.summary.create_noop_writer(), eval_writer=tf.summary.create_noop_writer(),
+        num_iterations=1, num_env_steps=None, initial_collect_steps=0,
+        train_steps_per_iteration=train_steps_per_iteration, sample_batch_size=4,
+        eval_interval=10, stop_at_eval_return=None, summary_interval=10,
+        checkpoint_interval=10, log_interval_secs=10.0, stop_event=None, print_fn=None)
+    return loop
+
+
+def test_the_dry_call_trains_nothing_and_the_iteration_traces_agent_train_once(
+        tmp_path, smoke_gin):
+    loop = _built_loop(str(tmp_path))
+    try:
+        traces = []
+        train = loop.agent.train
+
+        def counting_train(experience):
+            traces.append(1)
+            return train(experience)
+
+        loop.agent.train = counting_train
+        # Some experience, so that the real iteration can sample.
+        exp = tf.nest.map_structure(
+            lambda s: tf.zeros([4, 8] + s.shape.as_list(), s.dtype), loop.agent.collect_data_spec)
+        loop.replayer(exp._replace(step_type=tf.ones_like(exp.step_type),
+                                   next_step_type=tf.ones_like(exp.next_step_type),
+                                   discount=tf.ones_like(exp.discount)), tf.range(4))
+        variables = loop.agent.variables + loop.replayer.variables
+        before = [v.numpy() for v in variables]
+
+        loss_info = loop._train_fn()(tf.constant(0))
+
+        assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+        assert int(loop.global_step) == 0
+        assert float(loss_info.loss) == 0.0
+        assert [t.numpy().tolist() for t in tf.nest.flatten(loss_info.extra)] == [[0.0] * 4] * 2
+        loss_info = loop._train_fn()(tf.constant(3))
+        assert int(loop.global_step) == 3
+        assert np.isfinite(float(loss_info.loss))
+        changed = sum(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+        assert changed > 0
+        assert len(traces) == 1
+    finally:
+        loop.driver.stop()
+
+
+def test_a_failing_warm_up_raises_its_error_after_stopping(tmp_path, smoke_gin, monkeypatch):
+    def failing_train_fn(self):
+        def dry_call(num_steps):
+            raise KeyError("injected warm-up failure")
+        return dry_call
+
+    monkeypatch.setattr(trainer._Loop, "_train_fn", failing_train_fn)
+    with pytest.raises(KeyError, match="injected warm-up failure"):
+        trainer.train(str(tmp_path), print_fn=lambda line: None)
+
+
+def test_warm_up_jobs_run_in_order_and_raise_their_own_errors(caplog):
+    warm_up = trainer._WarmUp()
+    ran = []
+    warm_up.submit("first", ran.append, 1)
+    warm_up.submit("second", lambda: (_ for _ in ()).throw(LookupError("second failed")))
+    warm_up.wait("first")
+    assert ran == [1]
+    warm_up.wait("never submitted")  # nothing to wait for
+    with pytest.raises(LookupError, match="second failed"):
+        warm_up.wait("second")
+    warm_up.submit("third", lambda: (_ for _ in ()).throw(ValueError("third failed")))
+    with pytest.raises(ValueError, match="third failed"):
+        warm_up.close()
+    warm_up.submit("fourth", lambda: (_ for _ in ()).throw(ValueError("fourth failed")))
+    warm_up.close(reraise=False)
+    assert "fourth" in caplog.text and "fourth failed" in caplog.text
+    assert not [t for t in threading.enumerate() if t.name.startswith("alf_async_warm_up")]
