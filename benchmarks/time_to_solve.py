@@ -197,6 +197,7 @@ def main():
     times = {"async": []}
     prebuilds = {"no": [""], "yes": [":prebuilt"], "both": ["", ":prebuilt"]}[args.sync_prebuild]
     times.update({f"sync:{e}{p}": [] for e in sync_envs for p in prebuilds})
+    steps = {kind: [] for kind in times}
     print(f"DQN CartPole-v0 time to first eval AverageReturn >= {SOLVED:.0f}: {args.gin_file}, "
           f"seeds {args.seeds}, cap {args.cap:.0f} s per run, sync env {args.sync_env}",
           flush=True)
@@ -207,6 +208,7 @@ def main():
             result = spawn(kind, seed, args, root_dir)
             shutil.rmtree(root_dir, ignore_errors=True)
             times[kind].append(result["secs"])
+            steps[kind].append(result["env_steps"])
             shown = "not solved" if result["secs"] is None else f"{result['secs']:.1f} s"
             print(f"  seed {seed:3d} {kind:24s}: {shown:>11s}  ({result['env_steps']} env steps)",
                   flush=True)
@@ -222,6 +224,31 @@ def main():
         if kind != "async":
             print(f"ratio of medians async / {kind}: {medians['async'] / medians[kind]:.2f} "
                   f"(target <= 0.5)")
+    _print_at_equal_steps(times, steps)
+
+
+def _print_at_equal_steps(times, steps):
+    """Median seconds of the runs that solved at the same env-step count (the
+    same evaluation), per side: the speed comparison without the luck of which
+    evaluation each side happened to solve at."""
+    print("at equal env steps to solve (median s, runs):")
+    by_steps = {}
+    for kind in times:
+        for secs, env_steps in zip(times[kind], steps[kind]):
+            if secs is not None:
+                by_steps.setdefault(env_steps, {}).setdefault(kind, []).append(secs)
+    for env_steps in sorted(by_steps):
+        row = by_steps[env_steps]
+        if "async" not in row or len(row) < 2:
+            continue
+        cells = []
+        for kind in times:
+            if kind in row:
+                median = statistics.median(row[kind])
+                ratio = "" if kind == "async" else \
+                    f", async/this {statistics.median(row['async']) / median:.2f}"
+                cells.append(f"{kind} {median:.1f} s ({len(row[kind])}{ratio})")
+        print(f"  {env_steps:7d}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":
