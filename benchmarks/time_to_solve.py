@@ -32,15 +32,18 @@ sync), capped at --cap seconds of loop time.
 first trace, as alf_async's agent builders do (agents.build_optimizer);
 `both` runs both baselines.
 
-What it measured (2 cores, 2026-11-21, seeds 1-16, cap 120 s,
-dqn_cartpole.gin, `--sync_prebuild both`; no run left unsolved): async
-median 1.9 s vs sync 3.5 s (ratio 0.54) and vs the prebuilt sync 2.9 s
-(0.64). At equal env steps to solve the async run takes 0.51-0.67 of the
-synchronous one (e.g. 1.3-1.4 s against 2.1-2.4 s at the first
-evaluation): more than a second goes before the first evaluation on either
-side, mostly start-up, and runs solve at the first to fourth evaluation
-mostly, so the ratio of medians moves with which evaluation each side
-happens to solve at (0.46-0.76 over today's runs).
+It also prints, for each env-step count at which runs solved, the median
+time of each side's runs that solved there: the speed comparison without the
+luck of which evaluation each side happened to solve at.
+
+What it measured (2 cores, 2026-11-21, dqn_cartpole.gin, cap 120 s,
+`--sync_prebuild both`, no run left unsolved; README.md, "Time to solve",
+has the table): the ratio of medians against the tf-agents loop was 0.41
+over seeds 1-32 and 0.41, 0.38, 0.50 in three runs of seeds 1-16 (against
+the prebuilt loop 0.50, and 0.31, 0.41, 0.58). At equal env steps to solve
+(seeds 1-32) the async run took 0.44 of the tf-agents loop's time at the
+first evaluation that solved (8,960 env steps) and 0.33-0.39 from 20,992
+env steps on.
 """
 
 import argparse
