@@ -365,16 +365,26 @@ class _Loop(object):
         it on a helper thread.
         """
         step = self._train_step.get_concrete_function()
-        shapes = tf.nest.map_structure(lambda t: t.shape, step.structured_outputs)
-        # The loop starts from zeros shaped like the LossInfo (unknown
-        # dimensions as 0; the shape invariants keep them unknown).
-        zeros = tf.nest.map_structure(
-            lambda t: tf.zeros([d or 0 for d in t.shape.as_list()], t.dtype),
-            step.structured_outputs)
-        _, loss_info = tf.while_loop(
-            lambda i, _: i < num_steps, lambda i, _: (i + 1, step()), (tf.constant(0), zeros),
-            shape_invariants=(tf.TensorShape([]), shapes), parallel_iterations=1)
-        return loss_info
+        # The loop carries the LossInfo's tensors (an agent may put None or
+        # Python values in it, returned as they are), starting from zeros
+        # shaped like them: unknown dimensions as 0, kept unknown by the
+        # shape invariants.
+        flat = tf.nest.flatten(step.structured_outputs)
+        carried = [i for i, t in enumerate(flat) if isinstance(t, tf.Tensor)]
+        zeros = [tf.zeros([d or 0 for d in flat[i].shape.as_list()], flat[i].dtype)
+                 for i in carried]
+
+        def body(i, _):
+            outputs = tf.nest.flatten(step())
+            return i + 1, [outputs[j] for j in carried]
+
+        _, last = tf.while_loop(
+            lambda i, _: i < num_steps, body, (tf.constant(0), zeros),
+            shape_invariants=(tf.TensorShape([]), [flat[i].shape for i in carried]),
+            parallel_iterations=1)
+        for i, t in zip(carried, last):
+            flat[i] = t
+        return tf.nest.pack_sequence_as(step.structured_outputs, flat)
 
     def _can_train(self):
         """Whether training may start (it then goes on: replayers only grow)."""

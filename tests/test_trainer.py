@@ -264,3 +264,32 @@ def test_warm_up_jobs_run_in_order_and_raise_their_own_errors(caplog):
     warm_up.close(reraise=False)
     assert "fourth" in caplog.text and "fourth failed" in caplog.text
     assert not [t for t in threading.enumerate() if t.name.startswith("alf_async_warm_up")]
+
+
+class _ExtraNoneAgent(object):
+    """An agent stand-in whose LossInfo holds a None and a Python value."""
+
+    def __init__(self, agent):
+        self._agent = agent
+
+    def __getattr__(self, name):
+        return getattr(self._agent, name)
+
+    def train(self, experience):
+        loss_info = self._agent.train(experience)
+        return loss_info._replace(extra={"none": None, "constant": 3, "td": loss_info.extra})
+
+
+def test_the_iteration_returns_a_loss_info_with_none_and_python_values(tmp_path, smoke_gin):
+    loop = _built_loop(str(tmp_path))
+    try:
+        loop.agent = _ExtraNoneAgent(loop.agent)
+        exp = tf.nest.map_structure(
+            lambda s: tf.ones([4, 8] + s.shape.as_list(), s.dtype), loop.agent.collect_data_spec)
+        loop.replayer(exp, tf.range(4))
+        assert loop._train_fn()(tf.constant(0)).extra["none"] is None
+        loss_info = loop._train_fn()(tf.constant(2))
+        assert loss_info.extra["none"] is None and loss_info.extra["constant"] == 3
+        assert np.isfinite(float(loss_info.loss)) and int(loop.global_step) == 2
+    finally:
+        loop.driver.stop()
