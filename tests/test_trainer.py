@@ -247,20 +247,24 @@ def test_a_failing_warm_up_raises_its_error_after_stopping(tmp_path, smoke_gin, 
         trainer.train(str(tmp_path), print_fn=lambda line: None)
 
 
+def _raise(error):
+    raise error
+
+
 def test_warm_up_jobs_run_in_order_and_raise_their_own_errors(caplog):
     warm_up = trainer._WarmUp()
     ran = []
     warm_up.submit("first", ran.append, 1)
-    warm_up.submit("second", lambda: (_ for _ in ()).throw(LookupError("second failed")))
+    warm_up.submit("second", _raise, LookupError("second failed"))
     warm_up.wait("first")
     assert ran == [1]
     warm_up.wait("never submitted")  # nothing to wait for
     with pytest.raises(LookupError, match="second failed"):
         warm_up.wait("second")
-    warm_up.submit("third", lambda: (_ for _ in ()).throw(ValueError("third failed")))
+    warm_up.submit("third", _raise, ValueError("third failed"))
     with pytest.raises(ValueError, match="third failed"):
         warm_up.close()
-    warm_up.submit("fourth", lambda: (_ for _ in ()).throw(ValueError("fourth failed")))
+    warm_up.submit("fourth", _raise, ValueError("fourth failed"))
     warm_up.close(reraise=False)
     assert "fourth" in caplog.text and "fourth failed" in caplog.text
     assert not [t for t in threading.enumerate() if t.name.startswith("alf_async_warm_up")]
