@@ -433,7 +433,11 @@ class _Loop(object):
             self._stop_driver_after_error()
             self._warm_up.close(reraise=False)
             raise
-        self.driver.stop()  # raises a driver thread's error not raised yet
+        try:
+            self.driver.stop()  # raises a driver thread's error not raised yet
+        except BaseException:
+            self._warm_up.close(reraise=False)
+            raise
         self._warm_up.close()
         self._finish(stopped_by)
         return TrainResult(int(self.global_step), int(self.counters.env_steps),
