@@ -416,6 +416,21 @@ class _Loop(object):
     def run(self):
         self._start = time.monotonic()
         self._last_log = (self._start, int(self.counters.env_steps), int(self.global_step))
+        try:
+            stopped_by = self._run_driver()
+        except BaseException:
+            # Every error exit ends the helper thread too (its own error is
+            # logged: the one in flight is reported).
+            self._warm_up.close(reraise=False)
+            raise
+        self._warm_up.close()
+        self._finish(stopped_by)
+        return TrainResult(int(self.global_step), int(self.counters.env_steps),
+                           int(self.counters.iterations), stopped_by, self._evaluations,
+                           self._solved_secs)
+
+    def _run_driver(self):
+        """Starts the driver, runs the loop, stops the driver; returns why it stopped."""
         stopped_by = None
         try:
             # The agent's own summaries (tf-agents' Losses/...) every summary_interval.
@@ -431,18 +446,9 @@ class _Loop(object):
         except BaseException:
             # An error (or a second Ctrl-C): stop the threads, keep the last checkpoint.
             self._stop_driver_after_error()
-            self._warm_up.close(reraise=False)
             raise
-        try:
-            self.driver.stop()  # raises a driver thread's error not raised yet
-        except BaseException:
-            self._warm_up.close(reraise=False)
-            raise
-        self._warm_up.close()
-        self._finish(stopped_by)
-        return TrainResult(int(self.global_step), int(self.counters.env_steps),
-                           int(self.counters.iterations), stopped_by, self._evaluations,
-                           self._solved_secs)
+        self.driver.stop()  # raises a driver thread's error not raised yet
+        return stopped_by
 
     def _start_up(self):
         """Starts the driver and builds the graphs the loop runs first,

@@ -297,3 +297,23 @@ def test_the_iteration_returns_a_loss_info_with_none_and_python_values(tmp_path,
         assert np.isfinite(float(loss_info.loss)) and int(loop.global_step) == 2
     finally:
         loop.driver.stop()
+
+
+def test_a_driver_stopped_from_outside_raises_and_ends_every_thread(tmp_path, smoke_gin,
+                                                                  monkeypatch):
+    """stop() from another thread (not the stop_event): run_async's
+    DriverStoppedError reaches the caller; the helper thread ends too (the
+    autouse fixture checks it)."""
+    from alf_async import driver as driver_lib
+    run_async = driver_lib.AsyncOffPolicyDriver.run_async
+    calls = []
+
+    def stopping_run_async(self):
+        calls.append(1)
+        if len(calls) == 8:  # past initial collection: the helper has had jobs
+            self.stop()
+        return run_async(self)
+
+    monkeypatch.setattr(driver_lib.AsyncOffPolicyDriver, "run_async", stopping_run_async)
+    with pytest.raises(driver_lib.DriverStoppedError, match="the driver is stopped"):
+        trainer.train(str(tmp_path), print_fn=lambda line: None)
