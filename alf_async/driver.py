@@ -111,7 +111,6 @@ class AsyncOffPolicyDriver(object):
         self._started = False
         self._stopped = False
         self._stop_lock = threading.Lock()
-        self._merged_shapes = None  # see get_training_exps
 
     def _build(self, num_envs, num_actor_queues, actor_queue_cap, observers, metrics):
         B = self._env_batch_size
@@ -129,7 +128,8 @@ class AsyncOffPolicyDriver(object):
         q = self._queues
         self._actor_threads = [
             ActorThread(f"actor{k}", self._coord, self._policy, q.actor_queues[k],
-                        q.action_return_queues, B) for k in range(num_actor_queues)
+                        q.action_return_queues, range(k, num_envs, num_actor_queues), B,
+                        q.max_actor_batch) for k in range(num_actor_queues)
         ]
         initial_state = tf.nest.map_structure(
             lambda t: t.numpy(), self._policy.get_initial_state(B))
@@ -203,22 +203,10 @@ class AsyncOffPolicyDriver(object):
             self._raise_stopped()
         rows = self._learn_queue_cap * self._env_batch_size
         try:
-            if self._learn_queue_cap == 1:
-                # One unroll is the whole batch: already [B, T, ...], no reshape.
-                trajectory, env_ids = self._queues.learn_queue.dequeue()
-                return trajectory, env_ids, rows * self._unroll_length
-            trajectory, env_ids = self._queues.learn_queue.dequeue_all()
+            # Rows are the queue's elements: already [rows, T, ...], no reshape.
+            exp, env_ids = self._queues.learn_queue.dequeue_all()
         except QUEUE_CLOSED_ERRORS:
             self._raise_stopped()
-        if self._merged_shapes is None:
-            # Shape tensors made once: an eager reshape given a Python list
-            # takes TF's slow fallback path (~45 us against ~10 us per field,
-            # every iteration on the learner's thread).
-            self._merged_shapes = tf.nest.map_structure(
-                lambda t: tf.constant([rows] + t.shape[2:].as_list(), tf.int32),
-                (trajectory, env_ids))
-        exp, env_ids = tf.nest.map_structure(tf.reshape, (trajectory, env_ids),
-                                             self._merged_shapes)
         return exp, env_ids, rows * self._unroll_length
 
     def run_async(self):

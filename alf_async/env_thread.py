@@ -45,6 +45,8 @@ import tensorflow as tf
 from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
+from alf_async.queues import batched_spec
+
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
 
 
@@ -96,7 +98,10 @@ class EnvThread(threading.Thread):
         self._initial_policy_state = initial_policy_state
         self._T = unroll_length
         self._B = queues.env_batch_size
-        self._time_step_spec, self._state_spec, _ = actor_queue.element_spec
+        time_step_spec, state_spec, _ = actor_queue.element_spec
+        self._batched_time_step_spec = batched_spec(time_step_spec, self._B)
+        self._batched_state_spec = batched_spec(state_spec, self._B)
+        self._batched_policy_step_spec = batched_spec(queues.policy_step_spec, self._B)
         self._python_env = uses_python_env(env)
         self._env_error = None
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
@@ -135,23 +140,30 @@ class EnvThread(threading.Thread):
     # ----------------------------------------------------- Python (blocking)
 
     def _python_loop(self, time_step):
-        """The same loop as `_loop`, in Python, for environments whose step blocks."""
-        request, reply = self._actor_queue.queue, self._return_queue.queue
+        """The same loop as `_loop`, in Python, for environments whose step blocks.
+
+        Queue traffic uses the raw queue ops on numpy arrays (one op per
+        request and per reply of B rows): `NestFIFOQueue.enqueue`'s Python
+        wrapper (nest checks, conversions) cost ~4x the op itself.
+        """
+        request, reply = self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref
+        learn, log = (self._queues.learn_queue.queue.queue_ref,
+                      self._queues.log_queue.queue.queue_ref)
         pyenv = self._env.pyenv
         step_spec = self._queues.policy_step_spec
-        env_id = np.int32(self._index)
+        step_dtypes = [s.dtype for s in tf.nest.flatten(step_spec)]
         env_ids = np.arange(self._index * self._B, (self._index + 1) * self._B, dtype=np.int32)
         flat_state = [np.asarray(t) for t in tf.nest.flatten(self._initial_policy_state)]
         while True:
             transitions = []
             waited = 0.0  # added to the variable once per unroll
             for _ in range(self._T):
-                request.enqueue(tf.nest.flatten(time_step) + flat_state + [env_id])
+                tf.raw_ops.QueueEnqueueManyV2(
+                    handle=request, components=tf.nest.flatten(time_step) + flat_state + [env_ids])
                 start = time.perf_counter()
-                flat_step = reply.dequeue()
+                flat_step = tf.raw_ops.QueueDequeueManyV2(handle=reply, n=self._B,
+                                                          component_types=step_dtypes)
                 waited += time.perf_counter() - start
-                if not isinstance(flat_step, list):
-                    flat_step = [flat_step]
                 policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
                 next_time_step = pyenv.step(policy_step.action)
                 transitions.append(tf.nest.flatten(
@@ -159,8 +171,8 @@ class EnvThread(threading.Thread):
                 time_step = next_time_step
                 flat_state = tf.nest.flatten(policy_step.state)
             unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
-            self._queues.log_queue.queue.enqueue(unroll)
-            self._queues.learn_queue.queue.enqueue(unroll)
+            tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
+            tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
             self._steps.assign_add(self._T * self._B, read_value=False)
             # As a numpy value: TF caches the tensor of every distinct Python
             # float it converts, forever (~650 bytes each, measured).
@@ -179,29 +191,42 @@ class EnvThread(threading.Thread):
     def _env_step(self, action):
         if not self._python_env:
             return self._env.step(action)
-        flat_spec = tf.nest.flatten(self._time_step_spec)
-        flat = tf.numpy_function(self._py_step, tf.nest.flatten(action),
-                                 [s.dtype for s in flat_spec], stateful=True)
-        flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
-        return tf.nest.pack_sequence_as(self._time_step_spec, flat)
+        flat_spec = tf.nest.flatten(self._batched_time_step_spec)
+        # One Python step at a time across env threads (the step token, see
+        # TFQueues.step_token): they hold the GIL anyway, and two waiting for
+        # it would hold both of TF's default inter-op threads, starving the
+        # actors.
+        token = self._queues.step_token.queue
+        with tf.control_dependencies(tf.nest.flatten(action)):
+            taken = token.dequeue()
+        with tf.control_dependencies([taken]):
+            flat = tf.numpy_function(self._py_step, tf.nest.flatten(action),
+                                     [s.dtype for s in flat_spec], stateful=True)
+        with tf.control_dependencies(flat):
+            returned = token.enqueue(taken)
+        with tf.control_dependencies([returned]):
+            flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
+        return tf.nest.pack_sequence_as(self._batched_time_step_spec, flat)
 
-    def _act(self, time_step, policy_state):
-        """Sends a request to the actor and waits for this env's policy step."""
+    def _act(self, time_step, policy_state, env_ids):
+        """Sends the B request rows to the actor and waits for their policy steps."""
         # Explicit control dependencies: automatic ones order ops per resource
         # only, and these touch different queues.
-        flat_request = tf.nest.flatten((time_step, policy_state, tf.constant(self._index)))
-        request = self._actor_queue.queue.enqueue(flat_request)
+        flat_request = tf.nest.flatten((time_step, policy_state, env_ids))
+        request = self._actor_queue.queue.enqueue_many(flat_request)
         with tf.control_dependencies([request]):
             start = tf.timestamp()
         with tf.control_dependencies([start]):
-            flat_step = self._return_queue.queue.dequeue()
+            flat_step = self._return_queue.queue.dequeue_many(self._B)
         if not isinstance(flat_step, list):
             flat_step = [flat_step]
+        flat_step = [tf.ensure_shape(t, s.shape) for t, s in
+                     zip(flat_step, tf.nest.flatten(self._batched_policy_step_spec))]
         with tf.control_dependencies(flat_step):
             self._wait.assign_add(tf.timestamp() - start)
-        return tf.nest.pack_sequence_as(self._queues.policy_step_spec, flat_step)
+        return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step)
 
-    def _unroll(self, flat_time_step, flat_state):
+    def _unroll(self, flat_time_step, flat_state, env_ids):
         """T steps; returns the Trajectory [B, T] and the loop state after it.
 
         The T steps are written out in the graph (a Python loop at trace
@@ -210,9 +235,9 @@ class EnvThread(threading.Thread):
         """
         transitions = []
         for _ in range(self._T):
-            time_step = tf.nest.pack_sequence_as(self._time_step_spec, flat_time_step)
-            state = tf.nest.pack_sequence_as(self._state_spec, flat_state)
-            policy_step = self._act(time_step, state)
+            time_step = tf.nest.pack_sequence_as(self._batched_time_step_spec, flat_time_step)
+            state = tf.nest.pack_sequence_as(self._batched_state_spec, flat_state)
+            policy_step = self._act(time_step, state, env_ids)
             next_time_step = self._env_step(policy_step.action)
             transitions.append(tf.nest.flatten(
                 trajectory_lib.from_transition(time_step, policy_step, next_time_step)))
@@ -225,11 +250,12 @@ class EnvThread(threading.Thread):
         env_ids = tf.range(self._index * self._B, (self._index + 1) * self._B, dtype=tf.int32)
 
         def body(flat_time_step, flat_state):
-            flat_traj, flat_time_step, flat_state = self._unroll(flat_time_step, flat_state)
+            flat_traj, flat_time_step, flat_state = self._unroll(flat_time_step, flat_state,
+                                                                 env_ids)
             unroll = flat_traj + [env_ids]
-            logged = self._queues.log_queue.queue.enqueue(unroll)
+            logged = self._queues.log_queue.queue.enqueue_many(unroll)
             with tf.control_dependencies([logged]):
-                learned = self._queues.learn_queue.queue.enqueue(unroll)
+                learned = self._queues.learn_queue.queue.enqueue_many(unroll)
             with tf.control_dependencies([learned]):
                 counted = self._steps.assign_add(self._T * self._B)
             with tf.control_dependencies([counted]):

@@ -1,8 +1,10 @@
 """LogThread: drains the log queue into metrics and observers.
 
-Every unroll an env thread ships is counted here: the metrics get it as
-numpy arrays with the global env id of each row, the observers as a
-batch-major `Trajectory` of tensors [B, T, ...].
+Every unroll row an env thread ships is counted here. Each iteration takes
+the rows that are waiting (at least one): the metrics get them as numpy
+arrays [n, T, ...] with the global env id of each row, the observers as a
+batch-major `Trajectory` of tensors [n, T, ...]. A row is one environment's
+T consecutive transitions; rows of one environment arrive in order.
 
 The thread does not stop when stop is requested: it stops when the log queue
 is closed *and empty*, so after `stop()` every unroll that reached the queue
@@ -15,6 +17,7 @@ the observers; closing the queue wakes the wait.
 
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 from alf_async.env_thread import QUEUE_CLOSED_ERRORS
@@ -37,7 +40,7 @@ class LogThread(threading.Thread):
         self._queue = log_queue
         self._metrics = list(metrics)
         self._observers = list(observers)
-        self.unrolls = 0
+        self.rows = 0  # unroll rows counted so far
 
     def run(self):
         with self._coord.stop_on_exception():
@@ -50,11 +53,36 @@ class LogThread(threading.Thread):
                     raise
 
     def _log_one(self):
-        trajectory, env_ids = self._queue.dequeue()
-        numpy_trajectory = tf.nest.map_structure(lambda t: t.numpy(), trajectory)
-        env_ids = env_ids.numpy()
+        # One blocking dequeue, then what is waiting: one eager op per batch of
+        # rows rather than per row.
+        first = self._queue.dequeue()
+        waiting = int(self._queue.size())
+        flat = [t.numpy()[None] for t in tf.nest.flatten(first)]
+        if waiting:
+            rest = tf.nest.flatten(self._queue.dequeue_many(waiting))
+            flat = [np.concatenate([f, r.numpy()]) for f, r in zip(flat, rest)]
+        numpy_trajectory, env_ids = tf.nest.pack_sequence_as(self._queue.element_spec, flat)
+        for rows in _in_order_per_env(env_ids):
+            self._count(tf.nest.map_structure(lambda a: a[rows], numpy_trajectory),
+                        env_ids[rows])
+
+    def _count(self, numpy_trajectory, env_ids):
         for metric in self._metrics:
             metric(numpy_trajectory, env_ids)
-        for observer in self._observers:
-            observer(trajectory)
-        self.unrolls += 1
+        if self._observers:
+            trajectory = tf.nest.map_structure(tf.convert_to_tensor, numpy_trajectory)
+            for observer in self._observers:
+                observer(trajectory)
+        self.rows += len(env_ids)
+
+
+def _in_order_per_env(env_ids):
+    """Splits rows into groups with each env id at most once, keeping each
+    env's rows in arrival order (group k holds every env's k-th row), so that
+    metrics keeping one accumulator per environment see its rows in turn."""
+    if len(np.unique(env_ids)) == len(env_ids):
+        return [slice(None)]
+    seen = {}
+    nth = np.array([seen.setdefault(e, [0]).__setitem__(0, seen[e][0] + 1) or seen[e][0] - 1
+                    for e in env_ids.tolist()])
+    return [np.flatnonzero(nth == k) for k in range(nth.max() + 1)]

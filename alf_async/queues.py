@@ -71,6 +71,10 @@ class NestFIFOQueue(object):
         """Takes one element out; blocks while the queue is empty."""
         return self._pack(self._queue.dequeue())
 
+    def enqueue_many(self, elements):
+        """Puts `n` elements in, given stacked on a new outer axis of size n."""
+        return self._queue.enqueue_many(self.flatten(elements))
+
     def dequeue_many(self, n):
         """Takes `n` elements, stacked on a new outer axis; blocks until there are n."""
         return self._pack(self._queue.dequeue_many(n))
@@ -102,14 +106,24 @@ def batched_spec(spec, batch_size):
 
 
 class TFQueues(object):
-    """Every queue of one driver.
+    """Every queue of one driver. Each element is one environment row.
 
-    - `actor_queues[k]` (capacity `actor_queue_cap`): an env thread's request
-      to act, (time_step, policy_state, env_id), each with the env's batch B.
-    - `action_return_queues[i]` (capacity 1): env thread i's policy step.
-    - `learn_queue` (capacity `learn_queue_cap`): one unroll per element,
-      (trajectory [B, T, ...], env_ids [B]).
-    - `log_queue` (capacity `log_queue_cap`): the same unrolls, for metrics.
+    - `actor_queues[k]`: requests to act, one row each: (time_step,
+      policy_state, env_id), env_id the row's global id. Capacity: every row
+      of the env threads that use it, so an env thread never blocks on it.
+    - `action_return_queues[i]`: env thread i's policy steps, one row each,
+      in the order its requests were sent (one actor serves each actor
+      queue, first in first out). Capacity B.
+    - `learn_queue` (capacity `learn_queue_cap * B` rows): (trajectory [T,
+      ...], env_id), one environment's unroll each; `dequeue_all()` gives
+      the learner's batch [learn_queue_cap * B, T] with no reshape.
+    - `log_queue` (capacity `log_queue_cap` rows): the same rows, for metrics.
+    - `step_token` (capacity 1): the token graph-mode env threads hold while
+      they step a Python environment.
+
+    Rows, not whole [B, ...] requests, are the unit so that an actor can
+    batch whatever rows are waiting (dynamic batching) and an env thread can
+    ask for the rows of its environment that are ready.
     """
 
     def __init__(self, num_envs, env_batch_size, learn_queue_cap, actor_queue_cap,
@@ -119,16 +133,19 @@ class TFQueues(object):
         Args:
             num_envs: number of env threads.
             env_batch_size: B, the batch size of every environment.
-            learn_queue_cap: unrolls per learner batch.
-            actor_queue_cap: env threads per batched forward pass.
-            num_actor_queues: number of actor threads (one queue each).
+            learn_queue_cap: unrolls of B rows per learner batch.
+            actor_queue_cap: at most this many env threads' rows
+                (actor_queue_cap * B) per batched forward pass.
+            num_actor_queues: number of actor threads (one queue each); env
+                thread i uses actor queue i % num_actor_queues.
             unroll_length: T, steps per unroll.
             time_step_spec, policy_state_spec, policy_step_spec,
             trajectory_spec: unbatched TensorSpec nests.
-            log_queue_cap: capacity of the log queue (default 2 * num_envs).
+            log_queue_cap: capacity of the log queue in rows (default
+                2 * num_envs * B).
 
         Raises:
-            ValueError: for a configuration that can deadlock or is empty.
+            ValueError: for a configuration that is empty or cannot work.
         """
         check_queue_config(num_envs, num_actor_queues, actor_queue_cap,
                            learn_queue_cap, unroll_length)
@@ -136,31 +153,37 @@ class TFQueues(object):
         self.num_envs = num_envs
         self.env_batch_size = B
         self.unroll_length = unroll_length
+        self.max_actor_batch = actor_queue_cap * B
         # Tuples, not dicts: their flat order is the order written here, which
         # the threads rely on to enqueue flat lists without re-flattening.
         self.actor_request_spec = (
-            batched_spec(time_step_spec, B),      # time_step
-            batched_spec(policy_state_spec, B),   # policy_state
-            tf.TensorSpec([], tf.int32))          # env_id (the env thread's index)
-        self.policy_step_spec = batched_spec(policy_step_spec, B)
+            time_step_spec,                       # time_step
+            policy_state_spec,                    # policy_state
+            tf.TensorSpec([], tf.int32))          # env_id (global row id)
+        self.policy_step_spec = policy_step_spec
         self.unroll_spec = (
-            batched_spec(batched_spec(trajectory_spec, unroll_length), B),  # trajectory
-            tf.TensorSpec([B], tf.int32))                                   # env_ids
+            batched_spec(trajectory_spec, unroll_length),  # trajectory [T, ...]
+            tf.TensorSpec([], tf.int32))                   # env_id
         self.actor_queues = [
-            NestFIFOQueue(actor_queue_cap, self.actor_request_spec, f"actor_queue_{k}")
+            NestFIFOQueue(len(range(k, num_envs, num_actor_queues)) * B,
+                          self.actor_request_spec, f"actor_queue_{k}")
             for k in range(num_actor_queues)
         ]
         self.action_return_queues = [
-            NestFIFOQueue(1, self.policy_step_spec, f"action_return_queue_{i}")
+            NestFIFOQueue(B, self.policy_step_spec, f"action_return_queue_{i}")
             for i in range(num_envs)
         ]
-        self.learn_queue = NestFIFOQueue(learn_queue_cap, self.unroll_spec, "learn_queue")
-        self.log_queue = NestFIFOQueue(log_queue_cap or 2 * num_envs, self.unroll_spec,
+        self.learn_queue = NestFIFOQueue(learn_queue_cap * B, self.unroll_spec, "learn_queue")
+        self.log_queue = NestFIFOQueue(log_queue_cap or 2 * num_envs * B, self.unroll_spec,
                                        "log_queue")
+        # Graph-mode env threads take this one token around each Python env
+        # step (see EnvThread._env_step); closing it wakes a thread waiting.
+        self.step_token = NestFIFOQueue(1, tf.TensorSpec([], tf.int32), "step_token")
+        self.step_token.enqueue(0)
 
     def all_queues(self):
         return (self.actor_queues + self.action_return_queues +
-                [self.learn_queue, self.log_queue])
+                [self.learn_queue, self.log_queue, self.step_token])
 
     def close_all(self):
         """Closes every queue, cancelling blocked enqueues and dequeues. Idempotent."""
@@ -170,11 +193,12 @@ class TFQueues(object):
 
 def check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_cap,
                        unroll_length):
-    """Refuses queue sizes that are empty or that deadlock the actor queues.
+    """Refuses queue sizes that are empty or that leave an actor without work.
 
-    Env thread i uses actor queue i % num_actor_queues, and an actor waits for
-    `actor_queue_cap` requests, so every actor queue needs at least that many
-    env threads: num_actor_queues * actor_queue_cap <= num_envs.
+    `actor_queue_cap` is an upper bound (actors take the rows that are
+    waiting), so any value >= 1 works; env thread i uses actor queue
+    i % num_actor_queues, so more actor queues than env threads would leave
+    an actor that never gets a request.
     """
     for name, value in [("num_envs", num_envs), ("num_actor_queues", num_actor_queues),
                         ("actor_queue_cap", actor_queue_cap),
@@ -182,11 +206,9 @@ def check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_
                         ("unroll_length", unroll_length)]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if num_actor_queues * actor_queue_cap > num_envs:
+    if num_actor_queues > num_envs:
         raise ValueError(
-            f"num_actor_queues * actor_queue_cap must be <= num_envs, got "
-            f"{num_actor_queues} * {actor_queue_cap} > {num_envs}: each actor waits for "
-            f"actor_queue_cap={actor_queue_cap} environments, and with "
-            f"{num_envs} env threads over {num_actor_queues} actor queues some actor "
-            f"would wait forever (deadlock). Lower num_actor_queues or actor_queue_cap, "
-            f"or raise num_envs.")
+            f"num_actor_queues must be <= num_envs, got {num_actor_queues} > {num_envs}: "
+            f"env thread i sends to actor queue i % num_actor_queues, so actor queue "
+            f"{num_envs} would never get a request. Lower num_actor_queues or raise "
+            f"num_envs.")
