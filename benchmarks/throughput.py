@@ -1,23 +1,26 @@
 """Collection throughput: alf_async's driver vs tf-agents' DynamicStepDriver.
 
-Same process, alternating rounds, the same 64 CartPole-v0 environments' worth
-of gym envs and the same DQN collect policy (QNetwork 64x64). Rows:
+Same process, alternating rounds, the same DQN collect policy (QNetwork
+64x64) and 64 CartPole-v0 environments on both sides of each comparison:
 
-  tf-agents  DynamicStepDriver, TFPyEnvironment(BatchedPyEnvironment(64 suite_gym))  <- baseline
-  alf_async  4 env threads x BatchedGymEnv(16), 2 actor queues x cap 2, unroll 16  <- target row
-  alf_async  4 env threads x BatchedPyEnvironment(16 suite_gym)  (same env stack as the baseline)
-  tf-agents  DynamicStepDriver over BatchedGymEnv(64)            (our env layer, their driver)
+  same env layer (BatchedGymEnv):
+    tf-agents  DynamicStepDriver over BatchedGymEnv(64)               <- baseline A
+    alf_async  --layouts env threads x BatchedGymEnv(n), 1 actor (cap: all rows)
+  tf-agents' suite_gym stack:
+    tf-agents  DynamicStepDriver over BatchedPyEnvironment(64 suite_gym)  <- baseline B
+    alf_async  2 env threads x BatchedPyEnvironment(32 suite_gym), 1 actor
 
 The driver's learner only dequeues (run_async, no training); the
-DynamicStepDriver collects with no observers. Absolute rates drift on a
-shared machine; the ratios within one run are the figure.
+DynamicStepDriver collects with no observers. Each row prints steps/s, CPU
+us and context switches per env step (whole process) and its median
+per-round ratio to its baseline. Absolute rates drift on a shared machine;
+the ratios within one run are the figure.
 
-    python benchmarks/throughput.py [--rounds 3] [--seconds 5]
+    python benchmarks/throughput.py [--rounds 3] [--seconds 5] [--layouts 1x64 2x32 4x16 8x8]
 """
 
 import argparse
 import statistics
-import time
 
 import gym
 from tf_agents.drivers import dynamic_step_driver
@@ -27,9 +30,10 @@ from tf_agents.utils import common
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.gym_batch import BatchedGymEnv
 from alf_async.testing.policies import dqn_collect_policy
+from usage import Usage  # benchmarks/ is this script's directory
 
 ENV = "CartPole-v0"
-NUM_ENVS, ENV_THREADS = 64, 4
+NUM_ENVS = 64
 
 
 def make_policy():
@@ -38,7 +42,7 @@ def make_policy():
 
 def tf_agents_envs(n):
     return tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
-        [suite_gym.load(ENV) for _ in range(n)], multithreading=(n == NUM_ENVS)))
+        [suite_gym.load(ENV) for _ in range(n)], multithreading=False))
 
 
 def gym_batch_envs(n):
@@ -51,63 +55,67 @@ def dynamic_step_round(policy, tf_env, seconds):
     driver = dynamic_step_driver.DynamicStepDriver(tf_env, policy, num_steps=steps_per_run)
     run = common.function(driver.run)
     time_step, policy_state = run()  # trace + warm up
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    steps, usage = 0, Usage()
+    while usage.elapsed() < seconds:
         time_step, policy_state = run(time_step, policy_state)
         steps += steps_per_run
-    return steps / (time.perf_counter() - start)
+    return usage.per_step(steps)
 
 
-def async_round(policy, env_f, seconds):
-    per_thread = NUM_ENVS // ENV_THREADS
-    driver = AsyncOffPolicyDriver(lambda: env_f(per_thread), policy,
-                                  num_envs=ENV_THREADS, num_actor_queues=2,
-                                  actor_queue_cap=2, learn_queue_cap=ENV_THREADS,
-                                  unroll_length=16)
+def async_round(policy, env_f, layout, seconds):
+    threads, per_thread = layout
+    driver = AsyncOffPolicyDriver(lambda: env_f(per_thread), policy, num_envs=threads,
+                                  num_actor_queues=1, actor_queue_cap=threads,
+                                  learn_queue_cap=threads, unroll_length=16)
     driver.start()
     try:
         for _ in range(3):  # warm up
             driver.run_async()
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        steps, usage = 0, Usage()
+        while usage.elapsed() < seconds:
             steps += driver.run_async()
-        rate = steps / (time.perf_counter() - start)
+        result = usage.per_step(steps)
         stats = driver.get_perf_stats()
     finally:
         driver.stop()
-    return rate, stats
+    result["batch"] = stats["actor_rows"] / max(1, stats["actor_batches"])
+    return result
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--layouts", nargs="+", default=["1x64", "2x32", "4x16", "8x8"])
     args = parser.parse_args()
+    layouts = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
     policy = make_policy()
-    rows = {
-        "tf-agents DynamicStepDriver, BatchedPyEnvironment(64)": [],
-        "alf_async 4x16 BatchedGymEnv, 2 actors": [],
-        "alf_async 4x16 BatchedPyEnvironment, 2 actors": [],
-        "tf-agents DynamicStepDriver, BatchedGymEnv(64)": [],
-    }
-    names = list(rows)
-    batch_sizes = []
+    base_a = "tf-agents DynamicStepDriver, BatchedGymEnv(64)"
+    base_b = "tf-agents DynamicStepDriver, BatchedPyEnvironment(64)"
+    rows = {base_a: []}
+    for t, b in layouts:
+        rows[f"alf_async {t}x{b} BatchedGymEnv"] = []
+    rows[base_b] = []
+    rows["alf_async 2x32 BatchedPyEnvironment"] = []
+    baseline_of = {name: (base_b if "BatchedPyEnvironment" in name else base_a) for name in rows}
     for r in range(args.rounds):
-        rows[names[0]].append(dynamic_step_round(policy, tf_agents_envs(NUM_ENVS), args.seconds))
-        rate, stats = async_round(policy, gym_batch_envs, args.seconds)
-        rows[names[1]].append(rate)
-        batch_sizes.append(stats["actor_rows"] / max(1, stats["actor_batches"]))
-        rows[names[2]].append(async_round(policy, tf_agents_envs, args.seconds)[0])
-        rows[names[3]].append(dynamic_step_round(policy, gym_batch_envs(NUM_ENVS), args.seconds))
-        print(f"round {r + 1}: " + ", ".join(f"{v[-1]:.0f}" for v in rows.values()), flush=True)
-    base = statistics.median(rows[names[0]])
-    print(f"\n{'collector':58s} {'steps/s (median)':>16s} {'vs baseline':>12s}")
-    for name in names:
-        med = statistics.median(rows[name])
-        print(f"{name:58s} {med:16.0f} {med / base:11.2f}x")
-    ratio = statistics.median(a / b for a, b in zip(rows[names[1]], rows[names[0]]))
-    print(f"\nratio alf_async (target row) / DynamicStepDriver, median of per-round ratios: "
-          f"{ratio:.2f}x (target >= 3x); mean actor batch {statistics.mean(batch_sizes):.0f} rows")
+        rows[base_a].append(dynamic_step_round(policy, gym_batch_envs(NUM_ENVS), args.seconds))
+        for layout in layouts:
+            rows[f"alf_async {layout[0]}x{layout[1]} BatchedGymEnv"].append(
+                async_round(policy, gym_batch_envs, layout, args.seconds))
+        rows[base_b].append(dynamic_step_round(policy, tf_agents_envs(NUM_ENVS), args.seconds))
+        rows["alf_async 2x32 BatchedPyEnvironment"].append(
+            async_round(policy, tf_agents_envs, (2, 32), args.seconds))
+        print(f"round {r + 1}: " + ", ".join(f"{v[-1]['rate']:.0f}" for v in rows.values()),
+              flush=True)
+    print(f"\n{'collector':52s} {'steps/s':>8s} {'vs base':>8s} {'CPU us/step':>11s} "
+          f"{'cs/step':>8s} {'batch':>6s}")
+    for name, results in rows.items():
+        med = {k: statistics.median(x[k] for x in results) for k in results[0]}
+        ratio = statistics.median(a["rate"] / b["rate"]
+                                  for a, b in zip(results, rows[baseline_of[name]]))
+        print(f"{name:52s} {med['rate']:8.0f} {ratio:7.2f}x {med['cpu_us']:11.1f} "
+              f"{med['cs']:8.2f} {med.get('batch', 0):6.1f}")
 
 
 if __name__ == "__main__":
