@@ -129,7 +129,7 @@ def train(root_dir,
           env_name=gin.REQUIRED,
           agent_fn=gin.REQUIRED,
           suite="suite_gym",
-          make_env_f=suites.make_env_f,
+          make_env_constructor=suites.make_env_constructor,
           replayer_fn=replayers.UniformReplayer,
           num_envs=1,
           env_batch_size=1,
@@ -202,7 +202,7 @@ def train(root_dir,
     train_dir = os.path.join(root_dir, "train")
     eval_dir = os.path.join(root_dir, "eval")
     try:
-        built = _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_envs,
+        built = _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
                        env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
                        learn_queue_cap, num_eval_episodes, seed)
     except (ValueError, TypeError) as e:
@@ -237,7 +237,7 @@ def train(root_dir,
         eval_env.close()
 
 
-def _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_envs,
+def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed):
     """Environments, agent, replayer, driver (not started) and the restored checkpoint."""
@@ -251,7 +251,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_f, replayer_fn, num_env
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
-        env_f = make_env_f(suite, env_name, batch_size=env_batch_size, seed=seed)
+        env_f = make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed)
         replayer = replayer_fn(data_spec=agent.collect_data_spec,
                                num_rows=num_envs * env_batch_size)
         driver = AsyncOffPolicyDriver(

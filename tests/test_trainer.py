@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from alf_async import agents, replayers, trainer
 from alf_async.environments import gym_batch, suites
+from alf_async.environments.capabilities import Restartable
 from tf_agents.environments import tf_py_environment
 
 SMOKE_GIN = os.path.join(os.path.dirname(__file__), os.pardir, "gin_configs", "smoke.gin")
@@ -144,17 +145,16 @@ def test_bad_values_fail_before_anything_starts(tmp_path, smoke_gin):
     assert not os.path.exists(tmp_path / "train" / "checkpoint")
 
 
+class _RestartedGymEnvs(gym_batch.BatchedGymEnv, Restartable):
+    """CartPoles that claim 3 restarts."""
+    restarts = 3
+
+
 def test_environment_restarts_are_summarised(tmp_path, smoke_gin):
-    def make_env_f(suite, env_name, batch_size, seed):
-        inner = suites.make_env_f(suite, env_name, batch_size=batch_size, seed=seed)
-
-        def env_f():
-            env = inner()
-            env.restarts = 3
-            return env
-        return env_f
-
-    trainer.train(str(tmp_path), make_env_f=make_env_f, num_iterations=12,
+    suites.register_suite("restarted_gym", lambda name, batch_size, seed: (
+        tf_py_environment.TFPyEnvironment(_RestartedGymEnvs(
+            [gym.make(name) for _ in range(batch_size)], seed=seed))))
+    trainer.train(str(tmp_path), suite="restarted_gym", num_iterations=12,
                   print_fn=lambda line: None)
     restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
     assert restarts[-1][1] == 3 * 2  # two env threads
@@ -184,7 +184,7 @@ def _built_loop(root_dir, train_steps_per_iteration=3):
     """A trainer._Loop over the smoke config's pieces, not run (the driver is
     never started; the caller stops it)."""
     agent, driver, replayer, eval_env, checkpointer, counters, global_step = trainer._build(
-        root_dir, "CartPole-v0", agents.dqn_agent, "suite_gym", suites.make_env_f,
+        root_dir, "CartPole-v0", agents.dqn_agent, "suite_gym", suites.make_env_constructor,
         replayers.UniformReplayer, num_envs=2, env_batch_size=2, num_actor_queues=1,
         actor_queue_cap=2, unroll_length=4, learn_queue_cap=1, num_eval_episodes=2, seed=1)
     eval_env.close()

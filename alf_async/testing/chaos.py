@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from alf_async.testing.envs import OBS_ENV, OBS_STEP
+
 FIRST, MID, LAST = 0, 1, 2
 SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "gin_configs", "smoke.gin")
@@ -116,7 +118,7 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
 
     from alf_async import AsyncOffPolicyDriver
     from alf_async.environments.subprocess_env import subprocess_env_f
-    from alf_async.testing.subprocess_envs import CountingEnv
+    from alf_async.testing.envs import CountingEnv
 
     rng = np.random.default_rng(seed)
     timeout_secs = timeout_secs or (num_kills * interval * 2 + 120)
@@ -241,9 +243,9 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     for env_id, unrolls in sorted(rows.items()):
         st, nst, disc, obs = (np.concatenate([u[k] for u in unrolls]) for k in range(4))
         env_rows_steps += len(st)
-        if len(set(obs[:, 0].tolist())) != 1:
+        if len(set(obs[:, OBS_ENV].tolist())) != 1:
             index_errors.append(env_id)
-        n_trunc, errs = check_row(st, nst, disc, obs[:, 1])
+        n_trunc, errs = check_row(st, nst, disc, obs[:, OBS_STEP])
         truncations[env_id] = n_trunc
         step_errors += [f"env {env_id} {e}" for e in errs]
     all_ids = range(num_envs * env_batch_size)
