@@ -2,7 +2,11 @@
 well-behaved clients play, and clients that vanish mid-episode.
 
 Shared by tests/stress/test_serving_abuse.py (reduced counts) and
-benchmarks/reliability.py (full counts, `print_full_figures(args)`).
+benchmarks/reliability.py (full counts, `print_full_figures(args)`); alone:
+
+    python benchmarks/serving_abuse.py [--abuse_bad_requests 10000] [--abuse_vanishing 100]
+
+Needs hypothesis (pip install -e '.[test]').
 
 - `fuzz_trial(num_bad_requests, num_good_clients, seed)`: a server with a
   token, `max_body_bytes=4096` and a driver whose learner takes every batch;

@@ -1,5 +1,8 @@
 """Chaos trials shared by tests/stress/test_chaos.py (reduced counts) and
-benchmarks/reliability.py (full counts, through `print_full_figures`).
+benchmarks/reliability.py (full counts, through `print_full_figures`):
+
+    python benchmarks/chaos.py [--chaos_kills 100] [--chaos_interval 2.0] [--checkpoint_kills 20]
+
 
 - `kill_trial`: a DQN training run on SubprocessEnvs (CountingEnvs in child
   processes) while a chaos thread `kill -9`s a random child every few
@@ -27,8 +30,8 @@ import numpy as np
 from alf_async.testing.envs import OBS_ENV, OBS_STEP
 
 FIRST, MID, LAST = 0, 1, 2
-SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "gin_configs", "smoke.gin")
+SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "gin_configs", "smoke.gin")
 
 
 def pid_alive(pid):
