@@ -59,7 +59,7 @@ class DriverHealth(object):
             tf.summary.scalar("Env/restarts", sum(restarts), step=step)
 
 
-def _write_loss(loss_info, step):
+def write_loss(loss_info, step):
     """Learner/loss and each scalar of the agent's LossInfo.extra (Learner/<name>)."""
     tf.summary.scalar("Learner/loss", loss_info.loss, step=step)
     extra = loss_info.extra

@@ -36,6 +36,12 @@ from tf_agents.trajectories.time_step import StepType
 
 
 
+def by_name(metrics):
+    """{metric.name: metric} of `metrics`, e.g. `by_name(driver.get_metrics())
+    ["AverageReturn"]` (read metrics by name, not by position)."""
+    return {m.name: m for m in metrics}
+
+
 class _SavedState(tf.train.experimental.PythonState):
     """Checkpoints a metric's `_get_state()` / `_set_state()` as JSON."""
 
