@@ -108,7 +108,7 @@ def three_steps(logged=(), training_enabled=True, rewards=(0.5, 1.5, (1.0, 2.0))
 def make_driver(ext, policy=None, num_envs=1, unroll_length=4, **kwargs):
     policy = policy or ObsPolicy(ext.time_step_spec(), ext.action_spec())
     kwargs.setdefault("stop_grace_period_secs", 1.0)
-    return AsyncOffPolicyDriver(ext.tf_env_factory(), policy, num_envs=num_envs,
+    return AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=num_envs,
                                 unroll_length=unroll_length, **kwargs)
 
 

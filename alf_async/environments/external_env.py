@@ -12,18 +12,18 @@ a game -- calls
     abandon_episode(episode_id)      (an end without a last observation)
 
 Subclass `ExternalEnv`, override `run()`, and give the driver
-`ext.tf_env_factory()`:
+`ext.env_constructor()`:
 
     ext = MyExternalEnv(action_spec, observation_spec)
     learner_filter = ext.experience_filter(observers=[replayer])
-    driver = AsyncOffPolicyDriver(ext.tf_env_factory(), policy, num_envs=K,
+    driver = AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=K,
                                   exp_observers=[learner_filter])
     learner_filter.bind(driver)
     driver.start()          # starts ext's run() thread (first slot reset)
 
 How episodes reach the driver
 -----------------------------
-Every call of the factory makes one *slot*: a TFPyEnvironment of batch size 1
+Every call of the constructor makes one *slot*: a TFPyEnvironment of batch size 1
 whose `reset()`/`step()` block until an episode has something for it. A slot
 takes the oldest episode that has a step waiting and serves it until it ends;
 K slots serve K episodes at once, each stepped as soon as its client is ready
@@ -473,7 +473,7 @@ class _Hub(object):
         with self._lock:
             return len(self._episodes)
 
-    def tf_env_factory(self):
+    def env_constructor(self):
 
         def make_slot():
             with self._lock:
@@ -1019,9 +1019,9 @@ class ExternalEnv(threading.Thread):
 
     # ---------------------------------------------------- driver integration
 
-    def tf_env_factory(self):
-        """The driver's env_f: each call makes one slot, a TFPyEnvironment of batch 1."""
-        return self.__hub.tf_env_factory()
+    def env_constructor(self):
+        """The driver's env constructor: each call makes one slot, a batch-1 TFPyEnvironment."""
+        return self.__hub.env_constructor()
 
     def time_step_spec(self):
         """The slots' time step spec, as TensorSpecs (for building agents)."""
@@ -1115,7 +1115,7 @@ class ExperienceFilter(object):
             pyenv = getattr(env, "pyenv", None)
             if not isinstance(pyenv, _SlotEnv) or pyenv._ext is not self._ext:
                 raise ValueError(f"environment {i} is not a slot of this ExternalEnv: build "
-                                 f"the driver with ext.tf_env_factory()")
+                                 f"the driver with ext.env_constructor()")
             slots.append(pyenv)
         self._slots = slots
         queues = getattr(driver_or_environments, "queues", None)
