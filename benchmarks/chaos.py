@@ -27,9 +27,11 @@ import time
 
 import numpy as np
 
+from tf_agents.trajectories.time_step import StepType
+
 from alf_async.testing.envs import OBS_ENV, OBS_STEP
 
-FIRST, MID, LAST = 0, 1, 2
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          "gin_configs", "smoke.gin")
 
