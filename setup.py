@@ -44,7 +44,7 @@ STACK = [
     "gin-config==0.5.0",
     "gym==0.23.0",
     "numpy<2",
-    # SubprocessEnv pickles env_fn with it (already a tf-agents dependency).
+    # SubprocessEnv pickles env constructors with it (already a tf-agents dependency).
     "cloudpickle>=1.3",
 ]
 

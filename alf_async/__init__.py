@@ -4,11 +4,14 @@ The top-level names are imported lazily so that ``import alf_async.environments`
 (for example inside a SubprocessEnv child) does not pay for the driver.
 """
 
-__all__ = ["AsyncOffPolicyDriver", "DriverStoppedError"]
+from alf_async._lazy import lazy_exports
 
+_EXPORTS = {
+    "AsyncOffPolicyDriver": "driver",
+    "DriverStoppedError": "driver",
+    "Learner": "learner",
+}
 
-def __getattr__(name):
-    if name in __all__:
-        from alf_async import driver
-        return getattr(driver, name)
-    raise AttributeError(f"module 'alf_async' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

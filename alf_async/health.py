@@ -5,10 +5,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from alf_async.environments.capabilities import restarts_of
+
 
 class DriverHealth(object):
     """Writes the driver's health as summaries: rates over the last interval
-    (Perf/...), queue occupancy (Queues/...), environment restarts (Env/...).
+    (Perf/...), queue occupancy (Queues/...), environment restarts (Env/..., of `Restartable` environments).
 
     Args:
         driver: the AsyncOffPolicyDriver (its perf stats, queues, environments).
@@ -52,12 +54,12 @@ class DriverHealth(object):
             size / q.capacity for size, q in zip(stats["actor_queue_sizes"],
                                                   queues.actor_queues)])), step=step)
         tf.summary.scalar("Queues/log_queue_size", stats["log_queue_size"], step=step)
-        restarts = [env.restarts for env in self._driver.environments if hasattr(env, "restarts")]
+        restarts = [r for r in map(restarts_of, self._driver.environments) if r is not None]
         if restarts:
             tf.summary.scalar("Env/restarts", sum(restarts), step=step)
 
 
-def _write_loss(loss_info, step):
+def write_loss(loss_info, step):
     """Learner/loss and each scalar of the agent's LossInfo.extra (Learner/<name>)."""
     tf.summary.scalar("Learner/loss", loss_info.loss, step=step)
     extra = loss_info.extra

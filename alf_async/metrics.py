@@ -32,9 +32,14 @@ import threading
 import numpy as np
 import tensorflow as tf
 from tf_agents.metrics import tf_metric
-from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories.time_step import StepType
 
-FIRST, MID, LAST = (int(ts.StepType.FIRST), int(ts.StepType.MID), int(ts.StepType.LAST))
+
+
+def by_name(metrics):
+    """{metric.name: metric} of `metrics`, e.g. `by_name(driver.get_metrics())
+    ["AverageReturn"]` (read metrics by name, not by position)."""
+    return {m.name: m for m in metrics}
 
 
 class _SavedState(tf.train.experimental.PythonState):
@@ -115,7 +120,7 @@ class NumberOfEpisodes(_CounterMetric):
         super().__init__(name)
 
     def _count_unroll(self, trajectory):
-        return int(np.count_nonzero(trajectory.next_step_type == LAST))
+        return int(np.count_nonzero(trajectory.next_step_type == StepType.LAST))
 
 
 class EnvironmentSteps(_CounterMetric):
@@ -125,7 +130,7 @@ class EnvironmentSteps(_CounterMetric):
         super().__init__(name)
 
     def _count_unroll(self, trajectory):
-        return int(np.count_nonzero(trajectory.step_type != LAST))
+        return int(np.count_nonzero(trajectory.step_type != StepType.LAST))
 
 
 class _EpisodeAverageMetric(AsyncStepMetric):
@@ -149,8 +154,8 @@ class _EpisodeAverageMetric(AsyncStepMetric):
         next_step_type = trajectory.next_step_type
         increments = self._increments(trajectory)
         for t in range(step_type.shape[1]):
-            rows = np.where(step_type[:, t] == FIRST, 0.0, rows) + increments[:, t]
-            done = next_step_type[:, t] == LAST
+            rows = np.where(step_type[:, t] == StepType.FIRST, 0.0, rows) + increments[:, t]
+            done = next_step_type[:, t] == StepType.LAST
             if done.any():
                 self._finished.extend(rows[done].tolist())
                 rows = self._after_last(rows, done)
@@ -194,7 +199,7 @@ class AverageEpisodeLength(_EpisodeAverageMetric):
         super().__init__(name, buffer_size)
 
     def _increments(self, trajectory):
-        return (trajectory.step_type != LAST).astype(np.float64)
+        return (trajectory.step_type != StepType.LAST).astype(np.float64)
 
     def _after_last(self, rows, done):
         # tf-agents zeroes the length when an episode ends (its boundary step

@@ -1,10 +1,11 @@
 """Replayers: where the learner's experience goes between `run_async()` and training.
 
-A replayer is an exp_observer of the driver, `replayer(exp, env_ids)` with
-`exp` a batch-major Trajectory [rows, T, ...] and `env_ids` int32 [rows], and
-it hands experience to the training step with `sample(sample_batch_size,
-num_steps)` -> Trajectory [batch, num_steps, ...]. `sample` uses TF ops only,
-so the trainer can trace it into the same `tf.function` as `agent.train`.
+A replayer (`Replayer`, the interface) is an exp_observer of the driver,
+`replayer(exp, env_ids)` with `exp` a batch-major Trajectory [rows, T, ...]
+and `env_ids` int32 [rows], and it hands experience to the training step
+with `sample(sample_batch_size, num_steps)` -> Trajectory [batch,
+num_steps, ...]. `sample` uses TF ops only, so the learner traces it into
+the same graph as `agent.train`.
 
 - `OneTimeReplayer`: trains on exactly the batch that was dequeued, cut into
   the overlapping windows of `num_steps` the agent trains on.
@@ -13,7 +14,7 @@ so the trainer can trace it into the same `tf.function` as `agent.train`.
   cursor.
 
 Threads: both are called by the learner's thread only (`run_async()` calls
-the observers, the trainer samples); nothing blocks.
+the observers, the learner samples); nothing blocks.
 """
 
 import gin
@@ -39,8 +40,43 @@ def _windows(exp, num_steps):
     return tf.nest.map_structure(cut, exp)
 
 
+class Replayer(tf.Module):
+    """The interface the learner uses; subclass it for your own replayer.
+
+    Required: `__call__(exp, env_ids)` (an exp_observer), `can_sample(num_steps)`,
+    `sample(sample_batch_size, num_steps)`, `num_frames()`.
+
+    Optional capabilities, off by default (the learner reads them instead of
+    probing attributes):
+    - `traceable_before_data`: True when `sample` can be traced before the
+      first batch arrived; the learner then builds its train iteration at
+      start-up, on a helper thread, while the driver collects.
+    - `trace()`: builds the graph that writes a batch without writing one;
+      the learner calls it while the driver collects its first batch.
+    """
+
+    traceable_before_data = False
+
+    def __call__(self, exp, env_ids):
+        raise NotImplementedError
+
+    def can_sample(self, num_steps):
+        """True once `sample(..., num_steps)` can return data."""
+        raise NotImplementedError
+
+    def sample(self, sample_batch_size, num_steps=None):
+        raise NotImplementedError
+
+    def num_frames(self):
+        """Steps currently held."""
+        raise NotImplementedError
+
+    def trace(self):
+        """Builds the write graph ahead of the first batch (nothing by default)."""
+
+
 @gin.configurable
-class OneTimeReplayer(tf.Module):
+class OneTimeReplayer(Replayer):
     """Keeps only the latest dequeued batch; `sample()` returns its windows.
 
     Windows are cut inside each row's unroll, so with unroll length T and
@@ -100,7 +136,7 @@ class OneTimeReplayer(tf.Module):
 
 
 @gin.configurable
-class UniformReplayer(tf.Module):
+class UniformReplayer(Replayer):
     """A uniform replay buffer with one ring of `capacity_per_row` steps per env row.
 
     Why not tf-agents' `TFUniformReplayBuffer`: its `add_batch` writes one
@@ -158,7 +194,7 @@ class UniformReplayer(tf.Module):
 
     def trace(self):
         """Builds the graph that writes a batch, without writing one (the
-        trainer does it while the driver collects its first batch)."""
+        learner does it while the driver collects its first batch)."""
         self._add_concrete()
 
     def _add_concrete(self):

@@ -32,21 +32,21 @@ from soak import rss_mb  # benchmarks/ is this script's directory
 def one_run(blocking, seconds, sample_secs):
     """In the child: the driver loop; returns the samples (secs, env steps, RSS MiB)."""
     from alf_async import AsyncOffPolicyDriver, eager_tensor_fix
-    from alf_async.testing.envs import CountingEnvFactory
+    from alf_async.testing.envs import CountingEnvConstructor
     from alf_async.testing.policies import CountingPolicy
 
-    class BlockingFactory(CountingEnvFactory):
+    class BlockingConstructor(CountingEnvConstructor):
         def __call__(self):
             env = super().__call__()
             for e in env.counting_envs:
                 e.blocking_step = True
             return env
 
-    factory = (BlockingFactory if blocking else CountingEnvFactory)(batch_size=4)
-    probe = CountingEnvFactory(batch_size=4)()
-    driver = AsyncOffPolicyDriver(factory, CountingPolicy(probe.time_step_spec(),
-                                                          probe.action_spec()),
-                                  num_envs=2, unroll_length=8, learn_queue_cap=2)
+    env_constructor = (BlockingConstructor if blocking else CountingEnvConstructor)(batch_size=4)
+    probe = CountingEnvConstructor(batch_size=4)()
+    driver = AsyncOffPolicyDriver(
+        env_constructor, CountingPolicy(probe.time_step_spec(), probe.action_spec()),
+        num_envs=2, unroll_length=8, learn_queue_cap=2)
     steps, samples, done = [0], [], threading.Event()
 
     def sampler():

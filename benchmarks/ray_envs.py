@@ -31,16 +31,16 @@ from tf_agents.environments import tf_py_environment  # noqa: E402
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments import ray_env  # noqa: E402
 from alf_async.environments.gym_batch import BatchedGymEnv  # noqa: E402
-from alf_async.environments.subprocess_env import subprocess_env_f  # noqa: E402
+from alf_async.environments.subprocess_env import subprocess_env_constructor  # noqa: E402
 from alf_async.testing.envs import cartpole, slow_cartpole  # noqa: E402
 from alf_async.testing.policies import dqn_collect_policy  # noqa: E402
 
 ENV_THREADS, ENVS_PER_THREAD = 4, 4
 
 
-def rate(env_f, policy, seconds):
-    driver = AsyncOffPolicyDriver(env_f, policy, num_envs=ENV_THREADS, actor_queue_cap=2,
-                                  learn_queue_cap=2, unroll_length=16)
+def rate(env_constructor, policy, seconds):
+    driver = AsyncOffPolicyDriver(env_constructor, policy, num_envs=ENV_THREADS,
+                                  actor_queue_cap=2, learn_queue_cap=2, unroll_length=16)
     driver.start()
     try:
         for _ in range(2):
@@ -62,22 +62,21 @@ def main():
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     policy = dqn_collect_policy(tf_py_environment.TFPyEnvironment(
         BatchedGymEnv([cartpole() for _ in range(ENVS_PER_THREAD)])))
-    env_fns = {"CartPole-v0": cartpole,
-               "CartPole-v0 + 5 ms step": functools.partial(slow_cartpole, 0.005)}
+    make_envs = {"CartPole-v0": cartpole,
+                 "CartPole-v0 + 5 ms step": functools.partial(slow_cartpole, 0.005)}
     rows = []
-    for env_name, env_fn in env_fns.items():
+    for env_name, make_env in make_envs.items():
         kinds = {
             "in-process": lambda: tf_py_environment.TFPyEnvironment(
-                BatchedGymEnv([env_fn() for _ in range(ENVS_PER_THREAD)])),
-            "subprocess": subprocess_env_f(env_fn, num_envs=ENVS_PER_THREAD),
-            "ray 4 actors x 1 env": ray_env.ray_env_f(env_fn, envs_per_actor=1,
-                                                      actors_per_env=ENVS_PER_THREAD,
-                                                      num_cpus=2),
-            "ray 1 actor x 4 envs": ray_env.ray_env_f(env_fn, envs_per_actor=ENVS_PER_THREAD,
-                                                      actors_per_env=1, num_cpus=2),
+                BatchedGymEnv([make_env() for _ in range(ENVS_PER_THREAD)])),
+            "subprocess": subprocess_env_constructor(make_env, num_envs=ENVS_PER_THREAD),
+            "ray 4 actors x 1 env": ray_env.ray_env_constructor(
+                make_env, envs_per_actor=1, actors_per_env=ENVS_PER_THREAD, num_cpus=2),
+            "ray 1 actor x 4 envs": ray_env.ray_env_constructor(
+                make_env, envs_per_actor=ENVS_PER_THREAD, actors_per_env=1, num_cpus=2),
         }
-        for kind, env_f in kinds.items():
-            r = rate(env_f, policy, args.seconds)
+        for kind, env_constructor in kinds.items():
+            r = rate(env_constructor, policy, args.seconds)
             rows.append((env_name, kind, r))
             print(f"{env_name:26s} {kind:22s} {r:9.0f} steps/s", flush=True)
     ray_env.shutdown()

@@ -11,11 +11,11 @@ benchmarks/soak.py is the long-running companion (RSS, threads, fds, children).
 - faults: an exception injected at a random moment into env step, env reset,
   the policy or an observer: does it reach the learner with its type, how
   fast, does stop() stay clean, does a new driver in the same process work.
-- crashing simulators and checkpoints (alf_async.testing.chaos): a training
+- crashing simulators and checkpoints (benchmarks/chaos.py): a training
   run on SubprocessEnvs whose children are kill -9'ed, every kill one
   restart and one truncation, no other step lost; kill -9 of the training
   CLI and resume from the same root_dir (--chaos_* / --checkpoint_kills).
-- serving under abuse (alf_async.testing.serving_abuse): hypothesis-fuzzed
+- serving under abuse (benchmarks/serving_abuse.py): hypothesis-fuzzed
   bad requests interleaved with good clients, and clients that vanish
   mid-episode (--abuse_* flags; 0 skips a trial).
 """
@@ -26,8 +26,9 @@ import time
 
 import numpy as np
 
-from alf_async.testing import chaos, serving_abuse
-from alf_async.testing.reliability import fault_trial, lifecycle_trial
+import chaos  # benchmarks/ is this script's directory
+import serving_abuse
+from driver_trials import fault_trial, lifecycle_trial
 
 
 def lifecycles(n, rng):

@@ -97,8 +97,9 @@ def serve_and_measure(client_counts, seconds, steps):
     import tensorflow as tf
     from tf_agents.agents.dqn import dqn_agent
     from tf_agents.networks import q_network
-    from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+    from alf_async import AsyncOffPolicyDriver
     from alf_async.environments.external_env import specs_from_gym
+    from alf_async.learner import Learner
     from alf_async.serving import PolicyServerEnv
 
     env = gym.make("CartPole-v0")
@@ -110,20 +111,14 @@ def serve_and_measure(client_counts, seconds, steps):
     agent = dqn_agent.DqnAgent(server.time_step_spec(), server.action_spec(), q_network=q_net,
                                optimizer=tf.keras.optimizers.Adam(1e-3))
     agent.initialize()
-    driver = AsyncOffPolicyDriver(server.tf_env_factory(), agent.collect_policy,
+    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
                                   num_envs=SLOTS, num_actor_queues=2, actor_queue_cap=1,
                                   unroll_length=16, learn_queue_cap=1)
 
-    def learn():
-        try:
-            while True:
-                driver.run_async()
-        except DriverStoppedError:
-            pass
-
-    learner = threading.Thread(target=learn, name="learner", daemon=True)
-    driver.start()
-    learner.start()
+    # A learner without an agent: it takes every batch; it starts the driver.
+    learner = Learner(None, driver)
+    thread = threading.Thread(target=learner.run, name="learner", daemon=True)
+    thread.start()
     rows = []
     try:
         # Warm-up: every slot's env thread traces its graph loop on its first episode.
@@ -139,8 +134,8 @@ def serve_and_measure(client_counts, seconds, steps):
             if r["errors"]:
                 print(f"{n} clients: errors {r['errors']}", file=sys.stderr)
     finally:
-        driver.stop()
-        learner.join(10)
+        learner.stop()
+        thread.join(10)
         server.close()
     return rows
 

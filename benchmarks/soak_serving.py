@@ -4,7 +4,7 @@ Two process kinds, both started (and stopped with SIGINT) by soak.py:
 
 - `--serve`: a PolicyServerEnv on loopback with `--slots` episode slots,
   an AsyncOffPolicyDriver over it (one env thread per slot, the DQN collect
-  policy; remote inference), a UniformReplayer and a learner that trains
+  policy; remote inference), a UniformReplayer and a Learner that trains
   DQN (QNetwork 64x64, Adam 1e-3, gamma 0.99, squared TD loss, soft target
   updates; 2 train steps per 8-step batch once 1,000 steps are in). Prints its address, then a JSON progress line every
   `--report_secs`: env steps, train steps, loss.
@@ -24,15 +24,15 @@ import json
 import signal
 import sys
 import threading
-import time
 
 
 def serve(slots, report_secs):
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
-    from alf_async import AsyncOffPolicyDriver, DriverStoppedError, agents, replayers
+    from alf_async import AsyncOffPolicyDriver, agents, replayers
     from alf_async.environments.external_env import specs_from_gym
+    from alf_async.learner import Learner
     from alf_async.serving import PolicyServerEnv
     from tf_agents.utils import common
 
@@ -41,60 +41,56 @@ def serve(slots, report_secs):
     env.close()
     server = PolicyServerEnv(action_spec, observation_spec, max_concurrent=slots,
                              episode_idle_timeout=30.0)
-    global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     agent = agents.dqn_agent(
-        server.time_step_spec(), server.action_spec(), global_step, fc_layer_params=(64, 64),
-        learning_rate=1e-3, epsilon_greedy=0.1,
+        server.time_step_spec(), server.action_spec(), tf.Variable(0, dtype=tf.int64),
+        fc_layer_params=(64, 64), learning_rate=1e-3, epsilon_greedy=0.1,
         agent_kwargs=dict(gamma=0.99, target_update_tau=0.005, target_update_period=1,
                           td_errors_loss_fn=common.element_wise_squared_loss))
     agent.initialize()
     replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=slots,
                                          capacity_per_row=5000)
-    driver = AsyncOffPolicyDriver(server.tf_env_factory(), agent.collect_policy,
+    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
                                   num_envs=slots, num_actor_queues=1, actor_queue_cap=1,
                                   unroll_length=8, learn_queue_cap=1,
                                   exp_observers=[replayer])
-
-    @tf.function(autograph=False)
-    def train_step():
-        return agent.train(replayer.sample(64, agent.train_sequence_length)).loss
+    # 2 train steps per 8-step batch once 1,000 env steps are in.
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=2,
+                      sample_batch_size=64, initial_collect_steps=1000)
 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    progress = dict(env_steps=0, loss=float("nan"))
     errors = []
 
     def learn():
         # Not the main thread: run_async blocks in TF, where no signal handler runs.
         try:
-            while True:
-                progress["env_steps"] += driver.run_async()
-                if progress["env_steps"] >= 1000:   # 2 train steps per 8 env steps
-                    for _ in range(2):
-                        progress["loss"] = float(train_step())
-        except DriverStoppedError:
-            pass
+            learner.run()
         except Exception as e:  # pylint: disable=broad-except
             errors.append(repr(e))
             stop.set()
 
+    def loss():
+        return float("nan") if learner.loss is None else float(learner.loss.loss)
+
     print(json.dumps({"address": server.address}), flush=True)
-    driver.start()
-    learner = threading.Thread(target=learn, name="learner")
-    learner.start()
+    thread = threading.Thread(target=learn, name="learner")
+    thread.start()
     try:
         while not stop.wait(report_secs):
-            print(json.dumps({"env_steps": progress["env_steps"],
-                              "train_steps": int(global_step), "loss": progress["loss"]}),
+            print(json.dumps({"env_steps": learner.env_steps,
+                              "train_steps": learner.train_step, "loss": loss()}),
                   flush=True)
     finally:
-        driver.stop()
-        learner.join(30)
+        try:
+            learner.stop()
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(repr(e))
+        thread.join(30)
         server.close()
-    print(json.dumps({"stopped": True, "env_steps": progress["env_steps"], "errors": errors}),
+    print(json.dumps({"stopped": True, "env_steps": learner.env_steps, "errors": errors}),
           flush=True)
-    if errors or learner.is_alive():
+    if errors or thread.is_alive():
         raise SystemExit(1)
 
 

@@ -9,8 +9,8 @@ collect policy from the server and report their own actions.
     python examples/serve_cartpole.py --port 8900 --seconds 60 &
     python examples/cartpole_client.py --address http://127.0.0.1:8900 --clients 4
 
-(A plain loop of run_async + agent.train; the gin-configured trainer is
-alf_async/trainer.py's business.)
+(alf_async's Learner with pieces built in Python; the gin-configured
+trainer is alf_async/trainer.py's business.)
 """
 
 import argparse
@@ -27,8 +27,10 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common
 
-from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.external_env import specs_from_gym
+from alf_async.learner import Hook, Learner
+from alf_async.metrics import by_name
 from alf_async.replayers import UniformReplayer
 
 
@@ -58,57 +60,55 @@ def build_dqn(action_spec, observation_spec, gamma=0.99, learning_rate=1e-3,
     return agent
 
 
-class Learner(object):
-    """The learner loop: driver batches -> ExperienceFilter -> replay -> agent.train.
+class LossLog(Hook):
+    """Keeps each iteration's loss (its last train step's) and prints a line
+    every `print_secs` seconds (None: never)."""
 
-    Threads: `run()` on the thread that calls it (the learner's); `stop()`
-    from any thread ends it (the driver's run_async() then raises
-    DriverStoppedError).
-    """
-
-    def __init__(self, ext, agent, num_slots, unroll_length=8, learn_queue_cap=1,
-                 batch_size=64, train_steps_per_batch=1, capacity_per_row=20000):
-        self.agent = agent
-        self.replayer = UniformReplayer(agent.collect_data_spec, num_rows=num_slots,
-                                        capacity_per_row=capacity_per_row)
-        self.filter = ext.experience_filter(observers=[self.replayer])
-        self.driver = AsyncOffPolicyDriver(
-            ext.tf_env_factory(), agent.collect_policy, num_envs=num_slots,
-            unroll_length=unroll_length, learn_queue_cap=learn_queue_cap, actor_queue_cap=1,
-            exp_observers=[self.filter])
-        self.filter.bind(self.driver)
-        self._batch_size = batch_size
-        self._train_steps = train_steps_per_batch
-        self._train = common.function(
-            lambda: agent.train(self.replayer.sample(batch_size, 2)).loss)
+    def __init__(self, print_secs=None):
         self.losses = []
+        self._print_secs = print_secs
+        self._last = time.monotonic()
 
-    def run(self, on_progress=None, max_train_steps=None):
-        """Trains until stopped (or max_train_steps); returns the reason it ended."""
-        self.driver.start()
-        try:
-            while max_train_steps is None or len(self.losses) < max_train_steps:
-                self.driver.run_async()
-                if not self.replayer.can_sample(2):
-                    continue
-                for _ in range(self._train_steps):
-                    self.losses.append(float(self._train()))
-                if on_progress is not None:
-                    on_progress(self)
-            return "max_train_steps"
-        except DriverStoppedError:
-            return "stopped"
-        finally:
-            self.driver.stop()
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > train_step_before:
+            self.losses.append(float(learner.loss.loss))
+        if self._print_secs is not None and time.monotonic() - self._last >= self._print_secs:
+            self._last = time.monotonic()
+            m = metrics(learner.driver)
+            recent = self.losses[-100:] or [float("nan")]
+            print(f"train steps {learner.train_step:6d}  loss {sum(recent) / len(recent):7.4f}  "
+                  f"episodes {m['episodes']:5d}  env steps {m['env_steps']:7d}  "
+                  f"AverageReturn {m['average_return']:6.1f}", flush=True)
 
-    def stop(self):
-        self.driver.stop()
 
-    def metrics(self):
-        episodes, steps, avg_return, avg_length = [m.result().numpy()
-                                                   for m in self.driver.get_metrics()]
-        return dict(episodes=int(episodes), env_steps=int(steps),
-                    average_return=float(avg_return), average_length=float(avg_length))
+def build_learner(ext, agent, num_slots, unroll_length=8, learn_queue_cap=1, batch_size=64,
+                  train_steps_per_iteration=1, capacity_per_row=20000, hooks=()):
+    """The learner of an ExternalEnv's episodes: driver batches -> the ext's
+    ExperienceFilter -> a uniform replay buffer -> agent.train.
+
+    Returns (learner, experience filter). Run `learner.run()` on a thread of
+    its own; `learner.stop()` from any thread ends it.
+    """
+    replayer = UniformReplayer(agent.collect_data_spec, num_rows=num_slots,
+                               capacity_per_row=capacity_per_row)
+    experience_filter = ext.experience_filter(observers=[replayer])
+    driver = AsyncOffPolicyDriver(
+        ext.env_constructor(), agent.collect_policy, num_envs=num_slots,
+        unroll_length=unroll_length, learn_queue_cap=learn_queue_cap, actor_queue_cap=1,
+        exp_observers=[experience_filter])
+    experience_filter.bind(driver)
+    learner = Learner(agent, driver, replayer,
+                      train_steps_per_iteration=train_steps_per_iteration,
+                      sample_batch_size=batch_size, hooks=hooks)
+    return learner, experience_filter
+
+
+def metrics(driver):
+    """The driver's standard metrics, by name."""
+    m = {name: metric.result().numpy() for name, metric in by_name(driver.get_metrics()).items()}
+    return dict(episodes=int(m["NumberOfEpisodes"]), env_steps=int(m["EnvironmentSteps"]),
+                average_return=float(m["AverageReturn"]),
+                average_length=float(m["AverageEpisodeLength"]))
 
 
 def main():
@@ -128,24 +128,14 @@ def main():
     server = PolicyServerEnv(action_spec, observation_spec, host=args.host, port=args.port,
                              token=args.token, policy=agent.collect_policy,
                              max_concurrent=4 * args.slots, episode_idle_timeout=30.0)
-    learner = Learner(server, agent, num_slots=args.slots)
+    learner, _ = build_learner(server, agent, num_slots=args.slots, hooks=[LossLog(5.0)])
     print(f"serving CartPole on {server.address} for {args.seconds:.0f} s", flush=True)
-
-    last = [time.monotonic()]
-
-    def progress(lrn):
-        if time.monotonic() - last[0] >= 5.0:
-            last[0] = time.monotonic()
-            m = lrn.metrics()
-            recent = lrn.losses[-100:]
-            print(f"train steps {len(lrn.losses):6d}  loss {sum(recent) / len(recent):7.4f}  "
-                  f"episodes {m['episodes']:5d}  env steps {m['env_steps']:7d}  "
-                  f"AverageReturn {m['average_return']:6.1f}", flush=True)
 
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    thread = threading.Thread(target=learner.run, args=(progress,), name="learner")
+    # Not the main thread: run_async blocks in TF, where no signal handler runs.
+    thread = threading.Thread(target=learner.run, name="learner")
     thread.start()
     try:
         done.wait(args.seconds)
@@ -153,7 +143,7 @@ def main():
         learner.stop()
         thread.join()
         server.close()
-    print(f"stopped: {learner.metrics()}, {len(learner.losses)} train steps")
+    print(f"stopped: {metrics(learner.driver)}, {learner.train_step} train steps")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Part 1 calls the same `train()` the CLI calls, with plain arguments (the
 values of gin_configs/dqn_cartpole.gin). Part 2 wires the pieces by hand —
-environments, agent, replayer, driver — to show what `train()` does in each
-iteration and that the driver must be stopped on every exit path.
+environments, agent, replayer, driver — and runs them with the Learner that
+`train()` runs (alf_async.learner), with a hook of its own.
 
     python examples/train_dqn_cartpole.py [--root_dir /tmp/alf_async_dqn_cartpole] [--by_hand]
 """
@@ -17,6 +17,8 @@ from tf_agents.utils import common
 
 from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer
 from alf_async.environments import suites
+from alf_async.learner import Hook, Learner
+from alf_async.metrics import by_name
 
 
 def with_train(root_dir):
@@ -38,35 +40,35 @@ def with_train(root_dir):
           f"{result.env_steps} env steps; run again to resume from {root_dir}")
 
 
+class PrintReturn(Hook):
+    """Prints the AverageReturn metric every 50 iterations."""
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if learner.iterations % 50 == 0:
+            average_return = by_name(learner.driver.get_metrics())["AverageReturn"].result()
+            print(f"iteration {learner.iterations}: AverageReturn {float(average_return):.1f}")
+
+
 def by_hand(num_iterations=300):
-    """Part 2: the driver and a replayer without the trainer."""
-    env_f = suites.make_env_f("suite_gym", "CartPole-v0", batch_size=8, seed=1)
+    """Part 2: the pieces train() wires, built by hand, run by a Learner."""
+    env_constructor = suites.make_env_constructor("suite_gym", "CartPole-v0", batch_size=8,
+                                                  seed=1)
     spec_env = suites.load("suite_gym", "CartPole-v0")
-    global_step = tf.Variable(0, dtype=tf.int64)
-    agent = agents.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(), global_step)
+    agent = agents.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(),
+                             tf.Variable(0, dtype=tf.int64))
+    spec_env.close()
     agent.initialize()
     replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=2 * 8,
                                          capacity_per_row=2000)
     # Two env threads of 8 CartPoles each; the actor acts with the agent's
-    # collect policy, whose variables the learner updates as it trains.
-    driver = AsyncOffPolicyDriver(env_f, agent.collect_policy, num_envs=2, unroll_length=8,
-                                  exp_observers=[replayer])
-    train_step = common.function(
-        lambda: agent.train(replayer.sample(64, agent.train_sequence_length)))
-    loss = None
-    driver.start()
-    try:
-        for iteration in range(num_iterations):
-            driver.run_async()  # one unroll [8 envs, 8 steps] -> the replayer
-            if replayer.num_frames() >= 500:
-                loss = float(train_step().loss)
-            if iteration % 50 == 0:
-                average_return = driver.get_metrics()[2].result()
-                print(f"iteration {iteration}: AverageReturn {float(average_return):.1f}")
-    finally:
-        driver.stop()  # always: it stops the threads and closes the environments
-        spec_env.close()
-    print(f"trained {int(global_step)} steps, last loss {loss}")
+    # collect policy, whose variables the learner updates as it trains. Each
+    # run_async() hands one unroll [8 envs, 8 steps] to the replayer.
+    driver = AsyncOffPolicyDriver(env_constructor, agent.collect_policy, num_envs=2,
+                                  unroll_length=8, exp_observers=[replayer])
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=1,
+                      sample_batch_size=64, initial_collect_steps=500, hooks=[PrintReturn()])
+    learner.run(num_iterations=num_iterations)  # stops the driver on every exit path
+    print(f"trained {learner.train_step} steps, last loss {float(learner.loss.loss):.4g}")
 
 
 def main():

@@ -8,8 +8,9 @@
 2. An OfflineEnv replays the logs (in epochs, forever) into the driver; its
    ExperienceFilter gives the learner the *logged* actions; a DQN agent
    trains from a uniform replay buffer. The simulator is not in the loop.
-3. The learner's TD loss is printed as it falls, and the greedy policy is
-   played on the real CartPole before and after training.
+3. The learner's TD loss is printed as it falls (alf_async's Learner: one
+   loss per iteration of 4 train steps), and the greedy policy is played on
+   the real CartPole before and after training.
 
 The defaults are chosen for learning from a fixed log, where DQN's max over
 actions extrapolates: a mostly random logger (--epsilon 0.8) covers both
@@ -21,8 +22,8 @@ the algorithm, not the pipeline).
 
     python examples/train_from_logs.py [--episodes 400] [--train-steps 3000]
 
-(There is no gin file for this example: gin configuration belongs to the
-trainer in alf_async/trainer.py; this runs from Python alone.)
+(There is no gin file for this example: gin configuration belongs to
+alf_async/trainer.py; this builds the Learner from Python alone.)
 """
 
 import argparse
@@ -34,7 +35,8 @@ import gym
 import numpy as np
 
 from alf_async.environments.offline import EpisodeLogWriter, OfflineEnv
-from serve_cartpole import Learner, build_dqn, cartpole_specs
+from alf_async.learner import Hook, crossed
+from serve_cartpole import LossLog, build_dqn, build_learner, cartpole_specs
 
 
 def scripted_action(obs, rng, epsilon):
@@ -89,6 +91,27 @@ def evaluate(agent, num_episodes=10, seed=10_000):
     return float(np.mean(returns))
 
 
+WINDOW = 250  # train steps per printed loss
+
+
+class Progress(Hook):
+    """Prints the mean loss of each WINDOW train steps."""
+
+    def __init__(self, offline, loss_log):
+        self._offline = offline
+        self._loss_log = loss_log
+        self._start = time.monotonic()
+        self.experience_filter = None  # set once built
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if crossed(train_step_before, train_step, WINDOW):
+            recent = self._loss_log.losses[-WINDOW // 4:]
+            print(f"train steps {train_step:5d}  mean loss {np.mean(recent):.4f}  "
+                  f"(logged steps fed {self._offline.steps_fed}, logged actions used "
+                  f"{self.experience_filter.actions_replaced}, "
+                  f"{time.monotonic() - self._start:.0f} s)", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=400, help="scripted episodes logged")
@@ -114,26 +137,18 @@ def main():
                       target_update_period=args.target_update_period)
     offline = OfflineEnv([path], action_spec, observation_spec, num_epochs=None,
                          num_workers=args.slots)
-    learner = Learner(offline, agent, num_slots=args.slots, unroll_length=8,
-                      learn_queue_cap=args.slots, train_steps_per_batch=4)
+    loss_log = LossLog()
+    progress = Progress(offline, loss_log)
+    learner, progress.experience_filter = build_learner(
+        offline, agent, num_slots=args.slots, unroll_length=8, learn_queue_cap=args.slots,
+        train_steps_per_iteration=4, hooks=[loss_log, progress])
     print(f"greedy policy before training: mean return {evaluate(agent):.1f}")
-
-    window = 250
-    start = time.monotonic()
-
-    def progress(lrn):
-        n = len(lrn.losses)
-        if n % window < 4 and n >= window:
-            recent = lrn.losses[-window:]
-            print(f"train steps {n:5d}  mean loss {np.mean(recent):.4f}  "
-                  f"(logged steps fed {offline.steps_fed}, "
-                  f"logged actions used {learner.filter.actions_replaced}, "
-                  f"{time.monotonic() - start:.0f} s)", flush=True)
-
-    learner.run(progress, max_train_steps=args.train_steps)
+    learner.run(num_train_steps=args.train_steps)
     offline.join(5)
-    first, last = np.mean(learner.losses[:window]), np.mean(learner.losses[-window:])
-    print(f"loss: first {window} steps {first:.4f} -> last {window} steps {last:.4f}")
+    # One loss per iteration of 4 train steps: windows of WINDOW train steps.
+    first = np.mean(loss_log.losses[:WINDOW // 4])
+    last = np.mean(loss_log.losses[-WINDOW // 4:])
+    print(f"loss: first {WINDOW} steps {first:.4f} -> last {WINDOW} steps {last:.4f}")
     print(f"greedy policy after training: mean return {evaluate(agent):.1f} "
           f"(the scripted logger: {np.mean(returns):.1f})")
 

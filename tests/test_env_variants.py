@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 
 from alf_async import trainer  # noqa: E402
 from alf_async.environments import suites  # noqa: E402
+from alf_async.environments.env_index import building_env, current_env_index  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 
 GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin_configs")
@@ -42,7 +43,7 @@ def test_gymnasium_environment_reaches_the_learner(tmp_path):
 @pytest.mark.parametrize("suite, env_name", [("suite_gym", "CartPole-v0"),
                                              ("suite_gymnasium", "CartPole-v1")])
 def test_subprocess_environments_reach_the_learner(tmp_path, suite, env_name):
-    smoke_run(tmp_path, ["train.make_env_f = @make_subprocess_env_f",
+    smoke_run(tmp_path, ["train.make_env_constructor = @make_subprocess_env_constructor",
                          f"train.suite = '{suite}'", f"train.env_name = '{env_name}'"])
     # Their restart count is a training summary (0 here: nothing crashed).
     restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
@@ -54,8 +55,8 @@ def test_ray_environments_reach_the_learner(tmp_path):
     ray = pytest.importorskip("ray")
     from alf_async.environments import ray_env
     try:
-        smoke_run(tmp_path, ["train.make_env_f = @make_ray_env_f",
-                             "make_ray_env_f.num_cpus = 2"])
+        smoke_run(tmp_path, ["train.make_env_constructor = @make_ray_env_constructor",
+                             "make_ray_env_constructor.num_cpus = 2"])
     finally:
         ray_env.shutdown()
     assert not ray.is_initialized()
@@ -73,17 +74,12 @@ def test_variant_configs_parse_on_their_base(base, variant):
 
 
 def test_single_env_seeds_follow_the_env_index():
-    from alf_async.environments import subprocess_env
-    old = subprocess_env._CURRENT_ENV_INDEX
-    try:
-        subprocess_env._CURRENT_ENV_INDEX = 3
-        a = suites.make_single_env("suite_gymnasium", "CartPole-v1", seed=10).reset()
-        subprocess_env._CURRENT_ENV_INDEX = 4
-        b = suites.make_single_env("suite_gymnasium", "CartPole-v1", seed=10).reset()
-        subprocess_env._CURRENT_ENV_INDEX = 3
-        c = suites.make_single_env("suite_gymnasium", "CartPole-v1", seed=10).reset()
-    finally:
-        subprocess_env._CURRENT_ENV_INDEX = old
+    def reset_built_as(index):
+        with building_env(index):
+            return suites.make_single_env("suite_gymnasium", "CartPole-v1", seed=10).reset()
+
+    a, b, c = reset_built_as(3), reset_built_as(4), reset_built_as(3)
+    assert current_env_index() is None
     np.testing.assert_array_equal(a.observation, c.observation)
     assert not np.array_equal(a.observation, b.observation)
     assert a.observation.shape == (4,) and int(a.step_type) == 0

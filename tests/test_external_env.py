@@ -18,6 +18,7 @@ from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import external_env
+from alf_async.metrics import by_name
 from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
                                                  ExternalEnvStoppedError,
                                                  TooManyEpisodesError,
@@ -108,7 +109,7 @@ def three_steps(logged=(), training_enabled=True, rewards=(0.5, 1.5, (1.0, 2.0))
 def make_driver(ext, policy=None, num_envs=1, unroll_length=4, **kwargs):
     policy = policy or ObsPolicy(ext.time_step_spec(), ext.action_spec())
     kwargs.setdefault("stop_grace_period_secs", 1.0)
-    return AsyncOffPolicyDriver(ext.tf_env_factory(), policy, num_envs=num_envs,
+    return AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=num_envs,
                                 unroll_length=unroll_length, **kwargs)
 
 
@@ -144,13 +145,17 @@ def learn_filtered(ext, max_batches=50, **driver_kwargs):
     return driver, learner_filter, raw, filtered
 
 
+def metric_results(driver):
+    """{name: value} of the driver's metrics."""
+    return {name: m.result().numpy() for name, m in by_name(driver.get_metrics()).items()}
+
+
 def run_scripted(episodes, observers=(), **ext_kwargs):
     ext = ScriptedEnv(episodes, **ext_kwargs)
     seen = []
     driver, learner_filter, raw, filtered = learn_filtered(
         ext, observers=[lambda t: seen.append(numpy(t))] + list(observers))
-    metrics = [m.result().numpy() for m in driver.get_metrics()]
-    return ext, learner_filter, raw, filtered, seen, metrics
+    return ext, learner_filter, raw, filtered, seen, metric_results(driver)
 
 
 # ----------------------------------------------------------- with a driver
@@ -176,8 +181,8 @@ def test_logged_actions_not_the_policys_reach_the_learner_exactly():
     # get_action returned the policy's actions to the client.
     assert ext.actions == [policy_action(e, s) for e in range(4) for s in (0, 2)]
     assert learner_filter.actions_replaced == 3 and learner_filter.transitions_masked == 0
-    episodes, env_steps, average_return, average_length = metrics
-    assert (episodes, env_steps, average_return, average_length) == (3, 9, 5.0, 3.0)
+    assert metrics == dict(NumberOfEpisodes=3, EnvironmentSteps=9, AverageReturn=5.0,
+                           AverageEpisodeLength=3.0)
 
 
 def test_training_disabled_episodes_are_counted_but_never_reach_the_learner():
@@ -200,7 +205,8 @@ def test_training_disabled_episodes_are_counted_but_never_reach_the_learner():
     # Acted on, and counted: the observers and metrics saw all four episodes.
     assert sorted({int(u.observation[0, 0, 0]) for u in seen}) == [0, 1, 2, 3]
     assert ext.actions == [policy_action(e, s) for e in range(5) for s in (0, 1, 2)]
-    assert metrics == [4, 12, 5.0, 3.0]
+    assert metrics == dict(NumberOfEpisodes=4, EnvironmentSteps=12, AverageReturn=5.0,
+                           AverageEpisodeLength=3.0)
     assert learner_filter.transitions_masked == 8
 
 
@@ -429,7 +435,8 @@ def test_more_waiting_slots_than_tf_inter_op_threads_do_not_deadlock():
     learned = [exp.observation[0, 0].tolist() for exp in filtered
                if exp.step_type[0, 0] != 2]
     assert sorted(learned) == [[e, s] for e in range(7) for s in range(3)]
-    assert [m.result().numpy() for m in driver.get_metrics()][:2] == [7, 21]
+    assert metric_results(driver)["NumberOfEpisodes"] == 7
+    assert metric_results(driver)["EnvironmentSteps"] == 21
 
 def test_gym_spaces_convert_to_specs():
     import gym  # pylint: disable=import-outside-toplevel

@@ -7,7 +7,7 @@ from alf_async.environments.external_env import ExternalEnvFinished
 from alf_async.environments.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
                                             read_episodes)
 from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_filtered, make_driver,
-                               no_external_env_threads_left, policy_action)
+                               metric_results, no_external_env_threads_left, policy_action)
 
 pytestmark = pytest.mark.timeout(60)
 _ = no_external_env_threads_left   # autouse: no feeder or env thread left
@@ -73,8 +73,9 @@ def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
         # What the driver recorded itself: the policy's actions.
         np.testing.assert_array_equal(raw[k].action[0],
                                       [policy_action(*o) for o in raw[k].observation[0]])
-    metrics = [m.result().numpy() for m in driver.get_metrics()]
-    assert metrics[:2] == [5, 15]   # C ends as a truncation, counted like any episode
+    # C ends as a truncation, counted like any episode.
+    assert metric_results(driver)["NumberOfEpisodes"] == 5
+    assert metric_results(driver)["EnvironmentSteps"] == 15
 
 
 @pytest.mark.parametrize("bad_line, message", [

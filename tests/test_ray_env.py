@@ -16,8 +16,9 @@ from tf_agents.policies import random_tf_policy  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments import ray_env  # noqa: E402
-from alf_async.environments.ray_env import RayBatchedEnv, RayEnvCrashError, ray_env_f  # noqa: E402
-from alf_async.testing.subprocess_envs import CountingEnv, raising_env  # noqa: E402
+from alf_async.environments.ray_env import (RayBatchedEnv, RayEnvCrashError,  # noqa: E402
+                                            ray_env_constructor)
+from alf_async.testing.envs import OBS_STEP, CountingEnv, raising_env  # noqa: E402
 
 FIRST, MID, LAST = 0, 1, 2
 RAY_PROCESS_NAMES = ("raylet", "gcs_server", "ray::", "default_worker.py")
@@ -49,18 +50,19 @@ def no_ray_left():
     assert not ray_processes(), f"Ray processes left: {ray_processes()}"
 
 
-def make_driver(env_f, **kwargs):
-    spec_env = env_f()
+def make_driver(env_constructor, **kwargs):
+    spec_env = env_constructor()
     policy = random_tf_policy.RandomTFPolicy(spec_env.time_step_spec(), spec_env.action_spec())
     spec_env.close()
-    return AsyncOffPolicyDriver(env_f, policy, **kwargs)
+    return AsyncOffPolicyDriver(env_constructor, policy, **kwargs)
 
 
 @pytest.mark.timeout(120)
 def test_killed_actor_is_replaced_and_its_episodes_truncated(no_ray_left):
-    env_f = ray_env_f(functools.partial(CountingEnv, episode_length=10**6, env_index=0),
-                      envs_per_actor=2, actors_per_env=2, num_cpus=2, step_timeout=30.0)
-    driver = make_driver(env_f, num_envs=2, unroll_length=4, learn_queue_cap=2)
+    env_constructor = ray_env_constructor(
+        functools.partial(CountingEnv, episode_length=10**6, env_index=0),
+        envs_per_actor=2, actors_per_env=2, num_cpus=2, step_timeout=30.0)
+    driver = make_driver(env_constructor, num_envs=2, unroll_length=4, learn_queue_cap=2)
     driver.start()
     rows = {}
 
@@ -91,7 +93,7 @@ def test_killed_actor_is_replaced_and_its_episodes_truncated(no_ray_left):
     for env_id in (2, 3):
         next_step_type = np.concatenate([r[0] for r in rows[env_id]])
         discount = np.concatenate([r[1] for r in rows[env_id]])
-        steps = np.concatenate([r[2] for r in rows[env_id]])[:, 1]
+        steps = np.concatenate([r[2] for r in rows[env_id]])[:, OBS_STEP]
         lasts = np.flatnonzero(next_step_type == LAST)
         assert len(lasts) == 1 and discount[lasts[0]] == 1.0, "one truncation, discount 1"
         k = lasts[0]
@@ -105,7 +107,7 @@ def test_killed_actor_is_replaced_and_its_episodes_truncated(no_ray_left):
 @pytest.mark.timeout(120)
 def test_env_error_keeps_its_type_and_restart_limit_is_clear(no_ray_left):
     ray_env.ensure_ray(num_cpus=2)
-    env = RayBatchedEnv(functools.partial(raising_env, fail_at_step=2), max_restarts=0)
+    env = RayBatchedEnv(functools.partial(raising_env, raise_on_step=2), max_restarts=0)
     try:
         env.reset()
         env.step(np.zeros(1, np.int32))

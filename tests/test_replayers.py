@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.replayers import OneTimeReplayer, UniformReplayer
-from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, CountingEnvFactory
+from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
 
 SPEC = {"env": tf.TensorSpec([], tf.int32), "counter": tf.TensorSpec([], tf.int64),
@@ -91,13 +91,13 @@ def test_uniform_replayer_checkpoint_roundtrip(tmp_path):
 
 def test_uniform_replayer_behind_the_driver_keeps_env_rows():
     """Real driver batches (subsets of env threads, in any order) of CountingEnvs."""
-    env_f = CountingEnvFactory(batch_size=2, episode_length=lambda i: 3 + i)
-    probe = env_f()
+    env_constructor = CountingEnvConstructor(batch_size=2, episode_length=lambda i: 3 + i)
+    probe = env_constructor()
     policy = CountingPolicy(probe.time_step_spec(), probe.action_spec())
     num_envs = 3
     replayer = UniformReplayer(policy.trajectory_spec, num_rows=num_envs * 2,
                                capacity_per_row=16)
-    driver = AsyncOffPolicyDriver(env_f, policy, num_envs=num_envs, unroll_length=3,
+    driver = AsyncOffPolicyDriver(env_constructor, policy, num_envs=num_envs, unroll_length=3,
                                   learn_queue_cap=2, exp_observers=[replayer])
     driver.start()
     try:

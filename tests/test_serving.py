@@ -10,7 +10,8 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async import AsyncOffPolicyDriver
+from alf_async.learner import Learner
 from alf_async.serving import PolicyClient, PolicyServerEnv, protocol
 from test_external_env import (ACTION_SPEC, OBS_SPEC, ObsPolicy, no_external_env_threads_left,
                                numpy, policy_action)
@@ -34,29 +35,25 @@ class Served(object):
             observers=[lambda exp, ids: self.batches.append(numpy(exp))])
         try:
             self.driver = AsyncOffPolicyDriver(
-                self.server.tf_env_factory(), self.policy, num_envs=num_envs,
+                self.server.env_constructor(), self.policy, num_envs=num_envs,
                 unroll_length=unroll_length, exp_observers=[self.filter],
                 stop_grace_period_secs=1.0)
         except BaseException:
             self.server.close()
             raise
         self.filter.bind(self.driver)
-        self.driver.start()
-        self.learner = threading.Thread(target=self._learn, name="learner", daemon=True)
+        # A learner without an agent: it takes every batch (for the filter).
+        self.learner = Learner(None, self.driver)
+        self.thread = threading.Thread(target=self.learner.run, name="learner", daemon=True)
         if learn:
-            self.learner.start()
-
-    def _learn(self):
-        try:
-            while True:
-                self.driver.run_async()
-        except DriverStoppedError:
-            pass
+            self.thread.start()   # starts the driver
+        else:
+            self.driver.start()   # nobody takes the batches
 
     def stop(self):
-        self.driver.stop()
-        if self.learner.is_alive():
-            self.learner.join(5)
+        self.learner.stop()
+        if self.thread.is_alive():
+            self.thread.join(5)
         self.server.close()
 
 

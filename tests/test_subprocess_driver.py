@@ -10,8 +10,8 @@ import pytest
 from tf_agents.policies import random_tf_policy
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.subprocess_env import subprocess_env_f
-from alf_async.testing.subprocess_envs import CountingEnv
+from alf_async.environments.subprocess_env import subprocess_env_constructor
+from alf_async.testing.envs import OBS_STEP, CountingEnv
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -29,12 +29,12 @@ def alive(pid):
 @pytest.mark.timeout(90)
 def test_killed_child_is_a_truncation_then_a_fresh_episode():
     # Episodes never end by themselves, so the kill is always mid-episode.
-    env_f = subprocess_env_f(functools.partial(CountingEnv, episode_length=10**6),
-                             num_envs=2, step_timeout=20.0)
-    spec_env = env_f()
+    env_constructor = subprocess_env_constructor(
+        functools.partial(CountingEnv, episode_length=10**6), num_envs=2, step_timeout=20.0)
+    spec_env = env_constructor()
     policy = random_tf_policy.RandomTFPolicy(spec_env.time_step_spec(), spec_env.action_spec())
     spec_env.close()
-    driver = AsyncOffPolicyDriver(env_f, policy, num_envs=2, unroll_length=4,
+    driver = AsyncOffPolicyDriver(env_constructor, policy, num_envs=2, unroll_length=4,
                                   learn_queue_cap=2)
     driver.start()
     rows = {}
@@ -81,12 +81,12 @@ def test_killed_child_is_a_truncation_then_a_fresh_episode():
     np.testing.assert_array_equal(obs[k + 1], obs[k],
                                   "the truncation carries the last observation the parent saw")
     assert step_type[k + 1] == LAST and next_step_type[k + 1] == FIRST
-    assert obs[k + 2, 1] == 0 and step_type[k + 2] == FIRST, "then a fresh episode"
+    assert obs[k + 2, OBS_STEP] == 0 and step_type[k + 2] == FIRST, "then a fresh episode"
     # No other step was lost or repeated: steps count up by one except there.
-    steps_in_episode = obs[:, 1]
+    steps_in_episode = obs[:, OBS_STEP]
     np.testing.assert_array_equal(np.diff(steps_in_episode[:k + 1]), 1)
     np.testing.assert_array_equal(np.diff(steps_in_episode[k + 2:]), 1)
     # The other rows never ended an episode.
     for env_id in (1, 2, 3):
         assert not np.any(concat(env_id, 1) == LAST)
-        np.testing.assert_array_equal(np.diff(concat(env_id, 3)[:, 1]), 1)
+        np.testing.assert_array_equal(np.diff(concat(env_id, 3)[:, OBS_STEP]), 1)

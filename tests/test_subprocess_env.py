@@ -1,7 +1,7 @@
 """Tests of alf_async.environments.subprocess_env (issue 5).
 
-Exact assertions on the tiny deterministic envs of
-alf_async.testing.subprocess_envs (observation = [env_index, step_in_episode]).
+Exact assertions on the tiny deterministic envs of alf_async.testing.envs
+(`_obs` keeps observation[env_index, step_in_episode]).
 After every test the process table is checked: no process may be left below
 this one except multiprocessing's fork server and resource tracker.
 """
@@ -24,8 +24,9 @@ from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments.subprocess_env import (
     BatchedSubprocessEnv, SubprocessEnv, SubprocessEnvClosedError, SubprocessEnvCrashError,
-    create_subprocess_envs, subprocess_env_f)
-from alf_async.testing import subprocess_envs as envs
+    create_subprocess_envs, subprocess_env_constructor)
+from alf_async.testing import envs
+from alf_async.testing.envs import OBS_ENV, OBS_STEP
 
 FIRST, MID, LAST = ts.StepType.FIRST, ts.StepType.MID, ts.StepType.LAST
 
@@ -103,7 +104,8 @@ def no_children_left():
 
 
 def _obs(time_step):
-    return np.asarray(time_step.observation).tolist()
+    """[env_index, step_in_episode] of each row."""
+    return np.asarray(time_step.observation)[..., [OBS_ENV, OBS_STEP]].astype(int).tolist()
 
 
 def _assert_time_step(time_step, step_type, observation, reward, discount):
@@ -120,7 +122,7 @@ def _assert_time_step(time_step, step_type, observation, reward, discount):
 def test_steps_exact_episode_and_specs():
     env = SubprocessEnv(envs.counting_env, env_index=7)
     try:
-        assert env.observation_spec().shape == (2,)
+        assert env.observation_spec().shape == (3,)
         assert env.action_spec().dtype == np.int32
         _assert_time_step(env.reset(), FIRST, [7, 0], 0.0, 1.0)
         _assert_time_step(env.step(np.int32(1)), MID, [7, 1], 1.0, 1.0)
@@ -207,7 +209,7 @@ def test_env_exception_is_raised_with_child_traceback_and_not_retried():
         message = str(info.value)
         assert "injected failure at step 2" in message
         assert "Traceback (most recent call last)" in message
-        assert "subprocess_envs.py" in message and "in _step" in message
+        assert "envs.py" in message and "in _step" in message
         assert f"pid {pid}" in message
         assert env.restarts == 0 and env.pid == pid and not _gone(pid)
         # The child is still up and usable.
@@ -341,12 +343,13 @@ def test_close_leaves_no_child_after_restart_and_after_failure():
 
 
 @pytest.mark.timeout(30)
-def test_subprocess_env_f_batched_concurrent_calls_and_restart():
-    env_f = subprocess_env_f(envs.counting_env, num_envs=2, step_timeout=10.0)
+def test_subprocess_env_constructor_batched_concurrent_calls_and_restart():
+    env_constructor = subprocess_env_constructor(envs.counting_env, num_envs=2,
+                                                 step_timeout=10.0)
     tf_envs = [None, None]
 
     def make(i):
-        tf_envs[i] = env_f()
+        tf_envs[i] = env_constructor()
 
     threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
     for t in threads:
@@ -395,7 +398,7 @@ def test_batched_env_drains_all_replies_when_one_raises():
             batched.step(np.zeros([2], np.int32))
         # Both pipes are still in step: the next step answers normally.
         step = batched.step(np.zeros([2], np.int32))
-        assert np.asarray(step.observation).tolist() == [[0, 3], [1, 2]]
+        assert _obs(step) == [[0, 3], [1, 2]]
     finally:
         batched.close()
 
@@ -443,7 +446,7 @@ def test_gin_config_reaches_the_child():
 
 
 @pytest.mark.timeout(10)
-def test_unpicklable_env_fn_is_refused_in_the_parent():
+def test_unpicklable_env_constructor_is_refused_in_the_parent():
     lock = threading.Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
         SubprocessEnv(lambda: lock)
@@ -455,7 +458,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
     import threading
     from tf_agents.system import multiprocessing as tfa_multiprocessing
     from alf_async.environments.subprocess_env import SubprocessEnv
-    from alf_async.testing import subprocess_envs as envs
+    from alf_async.testing import envs
 
     def main(argv):
         env = SubprocessEnv(envs.counting_env)

@@ -12,8 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from alf_async import agents, replayers, trainer
+from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer
 from alf_async.environments import gym_batch, suites
+from alf_async.evaluation import Evaluator
+from alf_async.learner import Learner
+from alf_async.warm_up import WarmUp
+from alf_async.environments.capabilities import Restartable
 from tf_agents.environments import tf_py_environment
 
 SMOKE_GIN = os.path.join(os.path.dirname(__file__), os.pardir, "gin_configs", "smoke.gin")
@@ -144,17 +148,16 @@ def test_bad_values_fail_before_anything_starts(tmp_path, smoke_gin):
     assert not os.path.exists(tmp_path / "train" / "checkpoint")
 
 
+class _RestartedGymEnvs(gym_batch.BatchedGymEnv, Restartable):
+    """CartPoles that claim 3 restarts."""
+    restarts = 3
+
+
 def test_environment_restarts_are_summarised(tmp_path, smoke_gin):
-    def make_env_f(suite, env_name, batch_size, seed):
-        inner = suites.make_env_f(suite, env_name, batch_size=batch_size, seed=seed)
-
-        def env_f():
-            env = inner()
-            env.restarts = 3
-            return env
-        return env_f
-
-    trainer.train(str(tmp_path), make_env_f=make_env_f, num_iterations=12,
+    suites.register_suite("restarted_gym", lambda name, batch_size, seed: (
+        tf_py_environment.TFPyEnvironment(_RestartedGymEnvs(
+            [gym.make(name) for _ in range(batch_size)], seed=seed))))
+    trainer.train(str(tmp_path), suite="restarted_gym", num_iterations=12,
                   print_fn=lambda line: None)
     restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
     assert restarts[-1][1] == 3 * 2  # two env threads
@@ -180,71 +183,74 @@ def test_sac_plugs_in(tmp_path):
     assert "Learner/critic_loss" in read_scalars(str(tmp_path / "train"))
 
 
-def _built_loop(root_dir, train_steps_per_iteration=3):
-    """A trainer._Loop over the smoke config's pieces, not run (the driver is
-    never started; the caller stops it)."""
-    agent, driver, replayer, eval_env, checkpointer, counters, global_step = trainer._build(
-        root_dir, "CartPole-v0", agents.dqn_agent, "suite_gym", suites.make_env_f,
-        replayers.UniformReplayer, num_envs=2, env_batch_size=2, num_actor_queues=1,
-        actor_queue_cap=2, unroll_length=4, learn_queue_cap=1, num_eval_episodes=2, seed=1)
-    eval_env.close()
-    loop = trainer._Loop(
-        root_dir=root_dir, agent=agent, driver=driver, replayer=replayer,
-        checkpointer=checkpointer, counters=counters, global_step=global_step, evaluator=None,
-        train_writer=tf.summary.create_noop_writer(), eval_writer=tf.summary.create_noop_writer(),
-        num_iterations=1, num_env_steps=None, initial_collect_steps=0,
-        train_steps_per_iteration=train_steps_per_iteration, sample_batch_size=4,
-        eval_interval=10, stop_at_eval_return=None, summary_interval=10,
-        checkpoint_interval=10, log_interval_secs=10.0, stop_event=None, print_fn=None)
-    return loop
+def _built_learner(train_steps_per_iteration=3, wrap_agent=None):
+    """A Learner over the smoke config's pieces, built from the public API and
+    not run (the driver is never started; the caller stops it)."""
+    spec_env = suites.load("suite_gym", "CartPole-v0")
+    agent = agents.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(),
+                             tf.Variable(0, dtype=tf.int64))
+    spec_env.close()
+    agent.initialize()
+    if wrap_agent is not None:
+        agent = wrap_agent(agent)
+    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=4)
+    driver = AsyncOffPolicyDriver(
+        suites.make_env_constructor("suite_gym", "CartPole-v0", batch_size=2, seed=1),
+        agent.collect_policy, num_envs=2, actor_queue_cap=2, unroll_length=4,
+        exp_observers=[replayer])
+    return Learner(agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
+                   sample_batch_size=4)
 
 
 def test_the_dry_call_trains_nothing_and_the_iteration_traces_agent_train_once(
         tmp_path, smoke_gin):
-    loop = _built_loop(str(tmp_path))
+    learner = _built_learner()
     try:
         traces = []
-        train = loop.agent.train
+        train = learner.agent.train
 
         def counting_train(experience):
             traces.append(1)
             return train(experience)
 
-        loop.agent.train = counting_train
+        learner.agent.train = counting_train
         # Some experience, so that the real iteration can sample.
         exp = tf.nest.map_structure(
-            lambda s: tf.zeros([4, 8] + s.shape.as_list(), s.dtype), loop.agent.collect_data_spec)
-        loop.replayer(exp._replace(step_type=tf.ones_like(exp.step_type),
-                                   next_step_type=tf.ones_like(exp.next_step_type),
-                                   discount=tf.ones_like(exp.discount)), tf.range(4))
-        variables = loop.agent.variables + loop.replayer.variables
+            lambda s: tf.zeros([4, 8] + s.shape.as_list(), s.dtype),
+            learner.agent.collect_data_spec)
+        learner.replayer(exp._replace(step_type=tf.ones_like(exp.step_type),
+                                      next_step_type=tf.ones_like(exp.next_step_type),
+                                      discount=tf.ones_like(exp.discount)), tf.range(4))
+        variables = learner.agent.variables + learner.replayer.variables
         before = [v.numpy() for v in variables]
 
-        loss_info = loop._train_fn()(tf.constant(0))
+        loss_info = learner.train(0)
 
         assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
-        assert int(loop.global_step) == 0
+        assert learner.train_step == 0
         assert float(loss_info.loss) == 0.0
         assert [t.numpy().tolist() for t in tf.nest.flatten(loss_info.extra)] == [[0.0] * 4] * 2
-        loss_info = loop._train_fn()(tf.constant(3))
-        assert int(loop.global_step) == 3
+        loss_info = learner.train(3)
+        assert learner.train_step == 3
         assert np.isfinite(float(loss_info.loss))
         changed = sum(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
         assert changed > 0
         assert len(traces) == 1
     finally:
-        loop.driver.stop()
+        learner.driver.stop()
 
 
 def test_a_failing_warm_up_raises_its_error_after_stopping(tmp_path, smoke_gin, monkeypatch):
-    def failing_train_fn(self):
-        def dry_call(num_steps):
-            raise KeyError("injected warm-up failure")
-        return dry_call
+    def failing_trace(self):
+        raise KeyError("injected warm-up failure")
 
-    monkeypatch.setattr(trainer._Loop, "_train_fn", failing_train_fn)
+    # The evaluation's trace is a warm-up job (submitted once training starts).
+    monkeypatch.setattr(Evaluator, "trace", failing_trace)
+    before = set(threading.enumerate())
     with pytest.raises(KeyError, match="injected warm-up failure"):
         trainer.train(str(tmp_path), print_fn=lambda line: None)
+    leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not leftover, leftover
 
 
 def _raise(error):
@@ -252,7 +258,7 @@ def _raise(error):
 
 
 def test_warm_up_jobs_run_in_order_and_raise_their_own_errors(caplog):
-    warm_up = trainer._WarmUp()
+    warm_up = WarmUp()
     ran = []
     warm_up.submit("first", ran.append, 1)
     warm_up.submit("second", _raise, LookupError("second failed"))
@@ -285,18 +291,18 @@ class _ExtraNoneAgent(object):
 
 
 def test_the_iteration_returns_a_loss_info_with_none_and_python_values(tmp_path, smoke_gin):
-    loop = _built_loop(str(tmp_path))
+    learner = _built_learner(wrap_agent=_ExtraNoneAgent)
     try:
-        loop.agent = _ExtraNoneAgent(loop.agent)
         exp = tf.nest.map_structure(
-            lambda s: tf.ones([4, 8] + s.shape.as_list(), s.dtype), loop.agent.collect_data_spec)
-        loop.replayer(exp, tf.range(4))
-        assert loop._train_fn()(tf.constant(0)).extra["none"] is None
-        loss_info = loop._train_fn()(tf.constant(2))
+            lambda s: tf.ones([4, 8] + s.shape.as_list(), s.dtype),
+            learner.agent.collect_data_spec)
+        learner.replayer(exp, tf.range(4))
+        assert learner.train(0).extra["none"] is None
+        loss_info = learner.train(2)
         assert loss_info.extra["none"] is None and loss_info.extra["constant"] == 3
-        assert np.isfinite(float(loss_info.loss)) and int(loop.global_step) == 2
+        assert np.isfinite(float(loss_info.loss)) and learner.train_step == 2
     finally:
-        loop.driver.stop()
+        learner.driver.stop()
 
 
 def test_a_driver_stopped_from_outside_raises_and_ends_every_thread(tmp_path, smoke_gin,

@@ -27,7 +27,7 @@ import gin
 # registered (trainer imports the tf-agents agents and networks).
 from alf_async import replayers  # noqa: F401  (registers OneTimeReplayer, UniformReplayer)
 from alf_async import trainer
-from alf_async.environments import suites  # noqa: F401  (registers load, make_env_f)
+from alf_async.environments import suites  # noqa: F401  (registers load, make_env_constructor)
 
 
 def build_parser():

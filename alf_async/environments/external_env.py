@@ -12,18 +12,18 @@ a game -- calls
     abandon_episode(episode_id)      (an end without a last observation)
 
 Subclass `ExternalEnv`, override `run()`, and give the driver
-`ext.tf_env_factory()`:
+`ext.env_constructor()`:
 
     ext = MyExternalEnv(action_spec, observation_spec)
     learner_filter = ext.experience_filter(observers=[replayer])
-    driver = AsyncOffPolicyDriver(ext.tf_env_factory(), policy, num_envs=K,
+    driver = AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=K,
                                   exp_observers=[learner_filter])
     learner_filter.bind(driver)
     driver.start()          # starts ext's run() thread (first slot reset)
 
 How episodes reach the driver
 -----------------------------
-Every call of the factory makes one *slot*: a TFPyEnvironment of batch size 1
+Every call of the constructor makes one *slot*: a TFPyEnvironment of batch size 1
 whose `reset()`/`step()` block until an episode has something for it. A slot
 takes the oldest episode that has a step waiting and serves it until it ends;
 K slots serve K episodes at once, each stepped as soon as its client is ready
@@ -129,10 +129,10 @@ import tensorflow as tf
 from tf_agents.environments import py_environment, tf_py_environment
 from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories.time_step import StepType
 
 logger = logging.getLogger(__name__)
 
-FIRST, MID, LAST = int(ts.StepType.FIRST), int(ts.StepType.MID), int(ts.StepType.LAST)
 _ACT, _END, _CUT = "act", "end", "cut"
 _FINISHED_IDS_KEPT = 100_000
 
@@ -268,7 +268,7 @@ class _SlotClosed(Exception):
 
 def _dummy_last_step(observation_spec):
     return ts.TimeStep(
-        step_type=np.array([LAST], np.int32), reward=np.zeros([1], np.float32),
+        step_type=np.array([StepType.LAST], np.int32), reward=np.zeros([1], np.float32),
         discount=np.ones([1], np.float32),
         observation=tf.nest.map_structure(lambda s: np.zeros((1,) + tuple(s.shape), s.dtype),
                                           observation_spec))
@@ -473,7 +473,7 @@ class _Hub(object):
         with self._lock:
             return len(self._episodes)
 
-    def tf_env_factory(self):
+    def env_constructor(self):
 
         def make_slot():
             with self._lock:
@@ -770,7 +770,7 @@ class _Hub(object):
                     f"slot {slot.index} holds {len(slot.records)} transitions that its "
                     f"ExperienceFilter never took: pass the filter in the driver's "
                     f"exp_observers and use run_async() (or call filter.apply())")
-            if cur.step_type == LAST:
+            if cur.step_type == StepType.LAST:
                 nxt = self._bind_next_locked(slot)
             else:
                 if cur.reply is not None and cur.kind == _ACT:
@@ -780,7 +780,7 @@ class _Hub(object):
                 nxt = self._next_in_episode_locked(slot, cur.episode)
             if self._recording:
                 # The transition's next step is made up when the episode was closed.
-                learn = cur.learn and nxt.learn if cur.step_type != LAST else cur.learn
+                learn = cur.learn and nxt.learn if cur.step_type != StepType.LAST else cur.learn
                 slot.records.append(_Record(cur.step_type, cur.observation,
                                             cur.logged_action, learn, cur.private))
             slot.current = nxt
@@ -814,7 +814,7 @@ class _Hub(object):
                 event = ep.events.popleft()
                 ep.cv.notify_all()
                 ep.last_observation = event.observation
-                return _Current(ep, event, FIRST, event.observation, 0.0, 1.0,
+                return _Current(ep, event, StepType.FIRST, event.observation, 0.0, 1.0,
                                 ep.training_enabled)
             if self._run_returned and not self._episodes and self._delivered_locked():
                 raise ExternalEnvFinished(
@@ -852,20 +852,20 @@ class _Hub(object):
                 if event.kind == _CUT:
                     self._finish_bound_locked(slot, ep, "abandoned by abandon_episode()")
                     event.reply.done = True
-                    return _Current(ep, event, LAST, ep.last_observation, event.reward, 1.0,
-                                    False)
+                    return _Current(ep, event, StepType.LAST, ep.last_observation,
+                                    event.reward, 1.0, False)
                 ep.last_observation = event.observation
                 if event.kind == _END:
                     self._finish_bound_locked(slot, ep, "ended by end_episode()")
                     event.reply.done = True
-                    return _Current(ep, event, LAST, event.observation, event.reward, 0.0,
+                    return _Current(ep, event, StepType.LAST, event.observation, event.reward, 0.0,
                                     ep.training_enabled)
-                return _Current(ep, event, MID, event.observation, event.reward, 1.0,
+                return _Current(ep, event, StepType.MID, event.observation, event.reward, 1.0,
                                 ep.training_enabled)
             if ep.closed_reason is not None:
                 reward = ep.cur_reward
                 self._finish_bound_locked(slot, ep, ep.closed_reason)
-                return _Current(ep, None, LAST, ep.last_observation, reward, 1.0, False)
+                return _Current(ep, None, StepType.LAST, ep.last_observation, reward, 1.0, False)
             wait = None
             if self._idle_timeout is not None:
                 idle = time.monotonic() - ep.last_seen
@@ -1019,9 +1019,9 @@ class ExternalEnv(threading.Thread):
 
     # ---------------------------------------------------- driver integration
 
-    def tf_env_factory(self):
-        """The driver's env_f: each call makes one slot, a TFPyEnvironment of batch 1."""
-        return self.__hub.tf_env_factory()
+    def env_constructor(self):
+        """The driver's env constructor: each call makes one slot, a batch-1 TFPyEnvironment."""
+        return self.__hub.env_constructor()
 
     def time_step_spec(self):
         """The slots' time step spec, as TensorSpecs (for building agents)."""
@@ -1115,7 +1115,7 @@ class ExperienceFilter(object):
             pyenv = getattr(env, "pyenv", None)
             if not isinstance(pyenv, _SlotEnv) or pyenv._ext is not self._ext:
                 raise ValueError(f"environment {i} is not a slot of this ExternalEnv: build "
-                                 f"the driver with ext.tf_env_factory()")
+                                 f"the driver with ext.env_constructor()")
             slots.append(pyenv)
         self._slots = slots
         queues = getattr(driver_or_environments, "queues", None)
@@ -1186,8 +1186,8 @@ class ExperienceFilter(object):
         on, takes it as its next observation.
         """
         rows, steps, private = (np.array(x) for x in zip(*cells))
-        exp.step_type[rows, steps] = LAST
-        exp.next_step_type[rows, steps] = FIRST
+        exp.step_type[rows, steps] = StepType.LAST
+        exp.next_step_type[rows, steps] = StepType.FIRST
         exp.reward[rows, steps] = 0
         exp.discount[rows, steps] = 1
         rows, steps = rows[private], steps[private]

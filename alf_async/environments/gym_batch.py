@@ -26,9 +26,8 @@ import numpy as np
 from tf_agents.environments import gym_wrapper, py_environment
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories.time_step import StepType
 
-FIRST, MID, LAST = (np.int32(ts.StepType.FIRST), np.int32(ts.StepType.MID),
-                    np.int32(ts.StepType.LAST))
 
 
 class BatchedGymEnv(py_environment.PyEnvironment):
@@ -48,11 +47,8 @@ class BatchedGymEnv(py_environment.PyEnvironment):
         if not self._envs:
             raise ValueError("BatchedGymEnv needs at least one environment")
         first = self._envs[0]
-        self._gymnasium = _is_gymnasium(first)
-        if self._gymnasium:
-            from alf_async.environments.suite_gymnasium import spec_from_space
-        else:
-            spec_from_space = gym_wrapper.spec_from_gym_space
+        self._gymnasium = is_gymnasium(first)
+        spec_from_space = _spec_from_space_fn(first)
         self._observation_spec = spec_from_space(first.observation_space, name="observation")
         self._action_spec = spec_from_space(first.action_space, name="action")
         for i, env in enumerate(self._envs[1:], start=1):
@@ -94,7 +90,7 @@ class BatchedGymEnv(py_environment.PyEnvironment):
             obs[i] = self._reset_env(i, env)
         self._seeded = True
         self._done[:] = False
-        return ts.TimeStep(np.full(B, FIRST), np.zeros(B, np.float32),
+        return ts.TimeStep(np.full(B, StepType.FIRST), np.zeros(B, np.float32),
                            np.ones(B, np.float32), obs)
 
     def _reset_env(self, i, env):
@@ -113,7 +109,7 @@ class BatchedGymEnv(py_environment.PyEnvironment):
         for i, env in enumerate(self._envs):
             if done[i]:
                 obs[i] = env.reset()[0] if self._gymnasium else env.reset()
-                step_type[i] = FIRST
+                step_type[i] = StepType.FIRST
                 discount[i] = 1.0
                 done[i] = False
                 continue
@@ -128,10 +124,10 @@ class BatchedGymEnv(py_environment.PyEnvironment):
             reward[i] = r
             if terminated or truncated:
                 done[i] = True
-                step_type[i] = LAST
+                step_type[i] = StepType.LAST
                 discount[i] = 0.0 if terminated else self._discount
             else:
-                step_type[i] = MID
+                step_type[i] = StepType.MID
                 discount[i] = self._discount
         return ts.TimeStep(step_type, reward, discount, obs)
 
@@ -140,12 +136,30 @@ class BatchedGymEnv(py_environment.PyEnvironment):
             env.close()
 
 
-def _is_gymnasium(env):
+def is_gymnasium(env):
+    """True if `env` is a gymnasium environment (False without gymnasium installed)."""
     try:
         import gymnasium
     except ImportError:
         return False
     return isinstance(env, gymnasium.Env)
+
+
+def _spec_from_space_fn(env):
+    if is_gymnasium(env):
+        from alf_async.environments.suite_gymnasium import spec_from_space
+        return spec_from_space
+    return gym_wrapper.spec_from_gym_space
+
+
+def supports_spaces(env):
+    """True if BatchedGymEnv can step `env` (a gym or gymnasium environment):
+    its observation space converts to one tf-agents ArraySpec (Box, Discrete)."""
+    try:
+        spec = _spec_from_space_fn(env)(env.observation_space)
+    except ValueError:
+        return False
+    return isinstance(spec, array_spec.ArraySpec)
 
 
 def load_batched(name, batch_size, seed=None, max_episode_steps=None):

@@ -1,14 +1,20 @@
-"""Environment factories by suite name: what the trainer and gin configs use.
+"""Environments by suite name: what the trainer and gin configs use.
 
     env = suites.load('suite_gym', 'CartPole-v0', batch_size=8, seed=1)  # a TFEnvironment
-    env_f = suites.make_env_f('suite_gym', 'CartPole-v0', batch_size=8, seed=1)
-    env_f(), env_f(), ...   # one TFEnvironment per call, each with its own seeds
+    env_constructor = suites.make_env_constructor('suite_gym', 'CartPole-v0',
+                                                  batch_size=8, seed=1)
+    env_constructor(), env_constructor(), ...   # one TFEnvironment per call, own seeds
 
-A suite is a function `(env_name, batch_size, seed, **kwargs) -> TFEnvironment`
-registered under a name; later suites (gymnasium, subprocess or ray
-environments) register themselves with `register_suite` and are picked by
-gin (`make_env_f.suite = 'suite_gymnasium'`) or replace `make_env_f` as a
-whole (`train.make_env_f = @my_env_f`).
+Names, as in tf-agents: an *env load fn* loads an environment by name
+(`suite_gym.load`; here `(env_name, batch_size, seed, **kwargs) ->
+TFEnvironment`, registered under a suite name with `register_suite` and
+picked by `train.suite`); an *env constructor* is a zero-arg callable
+returning an environment (tf-agents' `EnvConstructor`): what the driver
+calls once per env thread, and what SubprocessEnv and Ray call in their
+workers. The `make_*env_constructor` functions here make the driver's
+constructor from a suite and a name; `train.make_env_constructor` picks one
+(`@make_subprocess_env_constructor`, `@make_ray_env_constructor`, or your
+own with the same signature).
 
 `suite_gym` is `gym.make(name)` batched in one `BatchedGymEnv` (tf-agents'
 suite_gym semantics; see gym_batch.py for why not suite_gym itself).
@@ -24,9 +30,9 @@ from tf_agents.environments import tf_py_environment
 _SUITES = {}
 
 
-def register_suite(name, load_fn):
-    """Makes `load(name, ...)` call `load_fn(env_name, batch_size, seed, **kwargs)`."""
-    _SUITES[name] = load_fn
+def register_suite(name, env_load_fn):
+    """Makes `load(name, ...)` call `env_load_fn(env_name, batch_size, seed, **kwargs)`."""
+    _SUITES[name] = env_load_fn
 
 
 def suite_names():
@@ -75,11 +81,12 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
     """One unbatched PyEnvironment of `suite` (suite_gym or suite_gymnasium).
 
     Runs inside a SubprocessEnv child or a Ray actor, where
-    `subprocess_env.current_env_index()` (or `index`) offsets the seed so that
-    every environment gets its own.
+    `current_env_index()` offsets the seed so that every environment gets
+    its own.
     """
-    from alf_async.environments import gym_batch, subprocess_env
-    index = subprocess_env.current_env_index() or 0
+    from alf_async.environments.adapters import as_py_environment
+    from alf_async.environments.env_index import current_env_index
+    index = current_env_index() or 0
     seed = None if seed is None else seed + index
     if suite == "suite_gym":
         import gym
@@ -93,46 +100,46 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
     else:
         raise ValueError(f"make_single_env: suite {suite!r} is not suite_gym or "
                          f"suite_gymnasium")
-    return gym_batch.SingleGymEnv(env, seed=seed)
+    return as_py_environment(env, seed=seed)
 
 
 @gin.configurable
-def make_subprocess_env_f(suite, env_name, batch_size=1, seed=None, max_episode_steps=None,
-                          **subprocess_kwargs):
-    """Like `make_env_f`, with every environment in its own child process.
+def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
+                                    max_episode_steps=None, **subprocess_kwargs):
+    """Like `make_env_constructor`, with every environment in its own child process.
 
     Each env thread gets a TFEnvironment over `batch_size` SubprocessEnvs
-    (stepped concurrently). gin: `train.make_env_f = @make_subprocess_env_f`;
-    `make_subprocess_env_f.step_timeout`, `.max_restarts`, ... go to
-    SubprocessEnv.
+    (stepped concurrently). gin: `train.make_env_constructor =
+    @make_subprocess_env_constructor`; `make_subprocess_env_constructor.step_timeout`,
+    `.max_restarts`, ... go to SubprocessEnv.
     """
     if suite not in ("suite_gym", "suite_gymnasium"):
-        raise ValueError(f"make_subprocess_env_f: suite {suite!r} is not suite_gym or "
-                         f"suite_gymnasium")
-    from alf_async.environments.subprocess_env import subprocess_env_f
-    return subprocess_env_f(
+        raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not "
+                         f"suite_gym or suite_gymnasium")
+    from alf_async.environments.subprocess_batched import subprocess_env_constructor
+    return subprocess_env_constructor(
         functools.partial(make_single_env, suite, env_name, seed, max_episode_steps),
         num_envs=batch_size, **subprocess_kwargs)
 
 
 @gin.configurable
-def make_ray_env_f(suite, env_name, batch_size=1, seed=None, max_episode_steps=None,
-                   actors_per_env=1, **ray_kwargs):
-    """Like `make_env_f`, with the environments inside Ray actors.
+def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
+                             max_episode_steps=None, actors_per_env=1, **ray_kwargs):
+    """Like `make_env_constructor`, with the environments inside Ray actors.
 
     Each env thread gets a TFEnvironment over `actors_per_env` actors of
-    `batch_size // actors_per_env` environments. gin: `train.make_env_f =
-    @make_ray_env_f`; `make_ray_env_f.address`, `.num_cpus`, `.actor_options`,
-    ... go to `ray_env_f`.
+    `batch_size // actors_per_env` environments. gin: `train.make_env_constructor
+    = @make_ray_env_constructor`; `make_ray_env_constructor.address`,
+    `.num_cpus`, `.actor_options`, ... go to `ray_env_constructor`.
     """
     if batch_size % actors_per_env:
-        raise ValueError(f"make_ray_env_f: batch_size {batch_size} is not a multiple of "
-                         f"actors_per_env {actors_per_env}")
-    from alf_async.environments.ray_env import ray_env_f
-    return ray_env_f(functools.partial(make_single_env, suite, env_name, seed,
-                                       max_episode_steps),
-                     envs_per_actor=batch_size // actors_per_env,
-                     actors_per_env=actors_per_env, **ray_kwargs)
+        raise ValueError(f"make_ray_env_constructor: batch_size {batch_size} is not a "
+                         f"multiple of actors_per_env {actors_per_env}")
+    from alf_async.environments.ray_env import ray_env_constructor
+    return ray_env_constructor(
+        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps),
+        envs_per_actor=batch_size // actors_per_env, actors_per_env=actors_per_env,
+        **ray_kwargs)
 
 
 @gin.configurable
@@ -156,8 +163,8 @@ def load(suite, env_name, batch_size=1, seed=None, **kwargs):
     return _SUITES[suite](env_name, batch_size, seed, **kwargs)
 
 
-class EnvFactory(object):
-    """A thread-safe env_f for the driver: call k builds
+class SuiteEnvConstructor(object):
+    """A thread-safe env constructor for the driver: call k builds
     `load(suite, env_name, batch_size, seed + k * batch_size)`, so every
     environment of every env thread gets its own seed."""
 
@@ -179,14 +186,14 @@ class EnvFactory(object):
 
 
 @gin.configurable
-def make_env_f(suite, env_name, batch_size=1, seed=None, **kwargs):
-    """The trainer's default env factory maker: returns an `EnvFactory`.
+def make_env_constructor(suite, env_name, batch_size=1, seed=None, **kwargs):
+    """The trainer's default: environments in the learner's process
+    (a `SuiteEnvConstructor`).
 
-    The trainer calls `make_env_f(suite, env_name, batch_size, seed)`; replace
-    it by gin (`train.make_env_f = @other_maker`) to run the environments
-    elsewhere (subprocesses, ray) with the same signature.
+    The trainer calls `make_env_constructor(suite, env_name, batch_size, seed)`;
+    replace it by gin (`train.make_env_constructor = @other`) to run the
+    environments elsewhere (subprocesses, Ray) with the same signature.
     """
-    env_f = EnvFactory(suite, env_name, batch_size=batch_size, seed=seed, **kwargs)
     if suite not in _SUITES:  # fail before any thread starts
         raise ValueError(f"unknown environment suite {suite!r}; known: {suite_names()}")
-    return env_f
+    return SuiteEnvConstructor(suite, env_name, batch_size=batch_size, seed=seed, **kwargs)

@@ -3,7 +3,7 @@
     server = PolicyServerEnv(action_spec, observation_spec, token="s3cret",
                              policy=agent.collect_policy)   # policy: for local inference
     learner_filter = server.experience_filter(observers=[replayer])
-    driver = AsyncOffPolicyDriver(server.tf_env_factory(), agent.collect_policy,
+    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
                                   num_envs=K, exp_observers=[learner_filter])
     learner_filter.bind(driver)
     driver.start()                 # starts serving on server.address

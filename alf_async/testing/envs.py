@@ -1,23 +1,34 @@
 """Tiny deterministic environments whose observations say where they come from.
 
 `CountingEnv` observes [env_index, counter, step_in_episode] (int32):
-  - env_index: fixed per environment,
+  - env_index: fixed per environment (by default `current_env_index()`,
+    i.e. the index of a SubprocessEnv child or Ray actor slot, else 0),
   - counter: +1 for every time step the env emits (resets included), so a
     row of consecutive transitions has consecutive counters,
   - step_in_episode: 0 at FIRST, then 1, 2, ... up to episode_length (LAST).
 Each step gives reward 1.0; an episode has exactly `episode_length` rewarded
-steps, so its return and its length are both `episode_length`.
+steps, so its return and its length are both `episode_length`. Faults
+(an exception, a hang, the process exiting) can be injected at a given
+step; steps are counted since the environment was built (resets excluded),
+so a restarted child starts counting again.
+
+Every factory here is a top-level function or class: it pickles by
+reference and is imported in a child process or Ray actor.
 """
 
 import itertools
+import os
 import threading
 import time
 
+import gin
 import gym
 import numpy as np
 from tf_agents.environments import batched_py_environment, py_environment, tf_py_environment
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
+
+from alf_async.environments.env_index import current_env_index
 
 OBS_ENV, OBS_COUNTER, OBS_STEP = 0, 1, 2
 NUM_ACTIONS = 1000
@@ -27,24 +38,40 @@ class CountingEnv(py_environment.PyEnvironment):
     """See module docstring.
 
     Args:
-        env_index: the value of observation[0].
+        env_index: the value of observation[0] (None: `current_env_index()`,
+            or 0 outside a child process / Ray actor).
         episode_length: rewarded steps per episode.
         raise_on_step: if set, `step()` raises `error` on this (1-based) call.
         raise_on_reset: if set, `reset()` raises `error` on this (1-based) call.
-        error: the exception instance to raise.
+        error: the exception instance to raise (default a ValueError).
         check_action: if set, a callable(observation, action) -> expected
             action; a different action raises AssertionError (routing check).
+        hang_on_step: if set, this (1-based) `step()` call sleeps forever.
+        exit_on_step: if set, this (1-based) `step()` call ends the process
+            (`os._exit(3)`: a crashing simulator).
+        build_delay: seconds the constructor sleeps (a slow simulator start).
+        build_error: if True, the constructor raises ValueError.
     """
 
-    def __init__(self, env_index=0, episode_length=5, raise_on_step=None, error=None,
-                 check_action=None, raise_on_reset=None):
+    def __init__(self, env_index=None, episode_length=5, raise_on_step=None, error=None,
+                 check_action=None, raise_on_reset=None, hang_on_step=None, exit_on_step=None,
+                 build_delay=0.0, build_error=False):
         super().__init__(handle_auto_reset=True)
-        self._index = env_index
-        self._episode_length = episode_length
+        if build_delay:
+            time.sleep(build_delay)
+        if build_error:
+            raise ValueError("CountingEnv: injected build error")
+        if env_index is None:
+            env_index = current_env_index() or 0
+        self._index = int(env_index)
+        self._episode_length = int(episode_length)
         self._raise_on_step = raise_on_step
         self._raise_on_reset = raise_on_reset
+        self._hang_on_step = hang_on_step
+        self._exit_on_step = exit_on_step
         self._num_resets = 0
-        self._error = error or ValueError(f"CountingEnv {env_index}: injected failure")
+        self._error = error or ValueError(
+            f"CountingEnv {self._index}: injected failure at step {raise_on_step}")
         self._check_action = check_action
         self._counter = -1
         self._step_in_episode = 0
@@ -66,15 +93,20 @@ class CountingEnv(py_environment.PyEnvironment):
 
     def _reset(self):
         self._num_resets += 1
-        if self._raise_on_reset is not None and self._num_resets >= self._raise_on_reset:
+        if self._num_resets == self._raise_on_reset:
             raise self._error
         self._step_in_episode = 0
         return ts.restart(self._observe())
 
     def _step(self, action):
         self._num_steps += 1
-        if self._raise_on_step is not None and self._num_steps >= self._raise_on_step:
+        if self._num_steps == self._raise_on_step:
             raise self._error
+        if self._num_steps == self._hang_on_step:
+            while True:
+                time.sleep(3600)
+        if self._num_steps == self._exit_on_step:
+            os._exit(3)
         if self._check_action is not None:
             expected = self._check_action(self._last_obs, action)
             if int(action) != int(expected):
@@ -86,13 +118,23 @@ class CountingEnv(py_environment.PyEnvironment):
             return ts.termination(obs, np.float32(1.0))
         return ts.transition(obs, np.float32(1.0), discount=np.float32(1.0))
 
+    def get_info(self):
+        return {"pid": os.getpid(), "total_steps": self._num_steps}
+
+    def raise_unrebuildable(self):
+        """Raises an exception whose type a parent process cannot import (a local class)."""
+        class LocalError(Exception):
+            pass
+        raise LocalError("CountingEnv: unimportable exception type")
+
     def close(self):
         self.closed = True
 
 
-class CountingEnvFactory(object):
-    """A thread-safe env_f: each call builds a TFEnvironment of `batch_size`
-    CountingEnvs with fresh env indices (0, 1, 2, ... in call order).
+class CountingEnvConstructor(object):
+    """A thread-safe env constructor for the driver: each call builds a
+    TFEnvironment of `batch_size` CountingEnvs with fresh env indices
+    (0, 1, 2, ... in call order).
 
     `episode_length` may be a callable(env_index) -> int to desynchronise envs.
     `created` keeps every TFEnvironment built (to check they get closed).
@@ -120,6 +162,77 @@ class CountingEnvFactory(object):
         with self._lock:
             self.created.append(tf_env)
         return tf_env
+
+
+# The name tests/test_driver.py still imports (issue 16 renamed the concept).
+CountingEnvFactory = CountingEnvConstructor
+
+
+class CountingGymEnv(gym.Env):
+    """The gym twin of CountingEnv: the same observation (float32), actions
+    {0, 1}, done (a termination) after `episode_length` steps."""
+
+    def __init__(self, episode_length=3):
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._episode_length = episode_length
+        self._index = current_env_index() or 0
+        self._counter = -1
+        self._t = 0
+
+    def _obs(self):
+        self._counter += 1
+        return np.array([self._index, self._counter, self._t], dtype=np.float32)
+
+    def reset(self):
+        self._t = 0
+        return self._obs()
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), 1.0, self._t >= self._episode_length, {}
+
+
+# ----------------------------------------- constructors for child processes
+
+
+def counting_env(episode_length=5):
+    return CountingEnv(episode_length=episode_length)
+
+
+def slow_counting_env(build_delay=1.0):
+    """Takes `build_delay` seconds to build."""
+    return CountingEnv(build_delay=build_delay)
+
+
+def raising_env(raise_on_step=2):
+    """Raises ValueError in its `raise_on_step`-th step (only that one)."""
+    return CountingEnv(raise_on_step=raise_on_step)
+
+
+def hanging_env(hang_on_step=2):
+    """Sleeps forever in its `hang_on_step`-th step."""
+    return CountingEnv(hang_on_step=hang_on_step)
+
+
+def crashing_env(exit_on_step=1):
+    """The process exits (os._exit(3)) in its `exit_on_step`-th step."""
+    return CountingEnv(exit_on_step=exit_on_step)
+
+
+def build_error_env():
+    """Raises ValueError while being built."""
+    return CountingEnv(build_error=True)
+
+
+@gin.configurable
+def gin_counting_env(episode_length=5):
+    """A CountingEnv whose episode length is set by gin."""
+    return CountingEnv(episode_length=episode_length)
+
+
+def counting_gym_env(episode_length=3):
+    return CountingGymEnv(episode_length=episode_length)
 
 
 class _SlowStep(gym.Wrapper):

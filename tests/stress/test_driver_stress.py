@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from alf_async.testing.reliability import fault_trial, lifecycle_trial
+from driver_trials import fault_trial, lifecycle_trial
 
 SCALE = float(os.environ.get("ALF_ASYNC_STRESS_SCALE", "1"))
 pytestmark = [pytest.mark.stress, pytest.mark.timeout(240)]

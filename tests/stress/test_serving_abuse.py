@@ -7,11 +7,10 @@ import os
 
 import pytest
 
-from alf_async.testing import serving_abuse
-from alf_async.testing.serving_abuse import (MAX_BODY, RawRequest,
-                                             ServedPolicy, fuzz_failures, fuzz_trial,
-                                             http_bytes, is_4xx, send_raw, vanishing_clients_trial,
-                                             vanishing_failures)
+import serving_abuse
+from serving_abuse import (MAX_BODY, RawRequest, ServedPolicy, fuzz_failures, fuzz_trial,
+                           http_bytes, is_4xx, send_raw, vanishing_clients_trial,
+                           vanishing_failures)
 
 SCALE = float(os.environ.get("ALF_ASYNC_STRESS_SCALE", "1"))
 pytestmark = [pytest.mark.stress]

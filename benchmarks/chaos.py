@@ -1,5 +1,8 @@
 """Chaos trials shared by tests/stress/test_chaos.py (reduced counts) and
-benchmarks/reliability.py (full counts, through `print_full_figures`).
+benchmarks/reliability.py (full counts, through `print_full_figures`):
+
+    python benchmarks/chaos.py [--chaos_kills 100] [--chaos_interval 2.0] [--checkpoint_kills 20]
+
 
 - `kill_trial`: a DQN training run on SubprocessEnvs (CountingEnvs in child
   processes) while a chaos thread `kill -9`s a random child every few
@@ -24,9 +27,13 @@ import time
 
 import numpy as np
 
-FIRST, MID, LAST = 0, 1, 2
-SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "gin_configs", "smoke.gin")
+from tf_agents.trajectories.time_step import StepType
+
+from alf_async.testing.envs import OBS_ENV, OBS_STEP
+
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "gin_configs", "smoke.gin")
 
 
 def pid_alive(pid):
@@ -59,14 +66,6 @@ def _tiny_dqn(time_step_spec, action_spec):
                                epsilon_greedy=0.2, gamma=0.9)
     agent.initialize()
     return agent
-
-
-def _windows(exp, length=2):
-    """[rows, U] -> [rows * (U - length + 1), length] sliding windows."""
-    import tensorflow as tf
-    u = exp.step_type.shape[1]
-    return tf.nest.map_structure(
-        lambda x: tf.concat([x[:, t:t + length] for t in range(u - length + 1)], 0), exp)
 
 
 def check_row(step_type, next_step_type, discount, t):
@@ -105,32 +104,31 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     random child every ~`interval` seconds (uniform in [0.5, 1.5] x interval),
     `num_kills` times. Returns a dict of figures (see the keys at the end).
 
-    Kills start once every row has reached the learner, and a child is only
-    picked once its previous restart has been seen to finish (its row's new
-    FIRST after the truncation reached the learner), so every kill is mid-episode
-    (episodes never end by themselves) and owes exactly one restart and one
-    truncation.
+    The learner is alf_async's `Learner` (one train step per learner batch,
+    on exactly that batch: a OneTimeReplayer); an exp_observer beside the
+    replayer records every row of every batch. Kills start once every row
+    has reached the learner, and a child is only picked once its previous
+    restart has been seen to finish (its row's new FIRST after the
+    truncation reached the learner), so every kill is mid-episode (episodes
+    never end by themselves) and owes exactly one restart and one truncation.
     """
-    import tensorflow as tf
-    from tf_agents.utils import common
-
     from alf_async import AsyncOffPolicyDriver
-    from alf_async.environments.subprocess_env import subprocess_env_f
-    from alf_async.testing.subprocess_envs import CountingEnv
+    from alf_async.environments.subprocess_env import subprocess_env_constructor
+    from alf_async.learner import Hook, Learner
+    from alf_async.replayers import OneTimeReplayer
+    from alf_async.testing.envs import CountingEnv
 
     rng = np.random.default_rng(seed)
     timeout_secs = timeout_secs or (num_kills * interval * 2 + 120)
-    env_f = subprocess_env_f(functools.partial(CountingEnv, episode_length=10**9),
-                             num_envs=env_batch_size, step_timeout=30.0,
-                             max_restarts=num_kills + 10, restart_window_secs=3600.0)
-    spec_env = env_f()
+    env_constructor = subprocess_env_constructor(
+        functools.partial(CountingEnv, episode_length=10**9), num_envs=env_batch_size,
+        step_timeout=30.0, max_restarts=num_kills + 10, restart_window_secs=3600.0)
+    spec_env = env_constructor()
     time_step_spec, action_spec = spec_env.time_step_spec(), spec_env.action_spec()
     spec_env.close()
     agent = _tiny_dqn(time_step_spec, action_spec)
-    train_fn = common.function(agent.train)
-    driver = AsyncOffPolicyDriver(env_f, agent.collect_policy, num_envs=num_envs,
-                                  unroll_length=unroll_length, learn_queue_cap=learn_queue_cap)
-    rows = {}  # env_id -> list of (step_type, next_step_type, discount, t) per unroll
+    replayer = OneTimeReplayer()
+    rows = {}  # env_id -> list of (step_type, next_step_type, discount, obs) per unroll
     lock = threading.Lock()
     pending = set()   # env ids killed whose new FIRST the learner has not seen yet
     kills = {}        # env_id -> kills
@@ -140,6 +138,27 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     stop_chaos = threading.Event()
     chaos_error = []
     start = time.monotonic()
+
+    def record(exp, env_ids):
+        """The exp_observer that checks every batch (on the learner's thread)."""
+        st, nst = exp.step_type.numpy(), exp.next_step_type.numpy()
+        disc, obs = exp.discount.numpy(), exp.observation.numpy()
+        with lock:
+            for r, env_id in enumerate(env_ids.numpy()):
+                env_id = int(env_id)
+                unrolls = rows.setdefault(env_id, [])
+                # The restart is done once the new child's FIRST (after
+                # the boundary LAST) reached the learner.
+                prev = np.concatenate([unrolls[-1][0][-1:] if unrolls else [FIRST], st[r]])
+                unrolls.append((st[r], nst[r], disc[r], obs[r]))
+                if env_id in pending and ((prev[1:] == FIRST) & (prev[:-1] == LAST)).any():
+                    pending.discard(env_id)
+            if len(rows) == num_envs * env_batch_size:
+                warm.set()
+
+    driver = AsyncOffPolicyDriver(env_constructor, agent.collect_policy, num_envs=num_envs,
+                                  unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
+                                  exp_observers=[record, replayer])
 
     def child(env_id):
         return driver.environments[env_id // env_batch_size].pyenv.envs[env_id % env_batch_size]
@@ -178,59 +197,54 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
         finally:
             chaos_done.set()
 
-    driver.start()
-    pids_seen.update(e.pid for env in driver.environments for e in env.pyenv.envs)
     chaos_thread = threading.Thread(target=chaos, name="chaos", daemon=True)
-    batches = train_steps = env_steps = 0
-    losses = []
-    error = None
-    try:
-        chaos_thread.start()
-        tail = None  # a few batches after the last kill, to see its truncation
-        while True:
-            exp, env_ids, steps = driver.get_training_exps()
-            batches += 1
-            env_steps += steps
-            if train:
-                losses.append(float(train_fn(_windows(exp)).loss))
-                train_steps += 1
-            st, nst = exp.step_type.numpy(), exp.next_step_type.numpy()
-            disc, obs = exp.discount.numpy(), exp.observation.numpy()
-            with lock:
-                for r, env_id in enumerate(env_ids.numpy()):
-                    env_id = int(env_id)
-                    unrolls = rows.setdefault(env_id, [])
-                    # The restart is done once the new child's FIRST (after
-                    # the boundary LAST) reached the learner.
-                    prev = np.concatenate([unrolls[-1][0][-1:] if unrolls else [FIRST], st[r]])
-                    unrolls.append((st[r], nst[r], disc[r], obs[r]))
-                    if env_id in pending and ((prev[1:] == FIRST) & (prev[:-1] == LAST)).any():
-                        pending.discard(env_id)
-                if len(rows) == num_envs * env_batch_size:
-                    warm.set()
+
+    class Chaos(Hook):
+        """Starts the chaos thread; ends the run a few batches after the last
+        kill's truncation reached the learner (the chaos thread stopped
+        first), or at the timeout."""
+
+        def __init__(self):
+            self.tail = None
+            self.losses = []
+            self.timed_out = False
+            self.stopping_at = None
+
+        def begin(self, learner):
+            pids_seen.update(e.pid for env in driver.environments for e in env.pyenv.envs)
+            chaos_thread.start()
+
+        def after_iteration(self, learner, train_step_before, train_step):
+            if train_step > train_step_before:
+                self.losses.append(float(learner.loss.loss))
             if chaos_done.is_set():
                 with lock:
                     if not pending:
-                        tail = (tail or 0) + 1
-                if tail is not None and tail >= 2:
-                    break
-            if time.monotonic() - start > timeout_secs:
-                error = f"timed out after {timeout_secs:.0f} s"
-                break
+                        self.tail = (self.tail or 0) + 1
+            self.timed_out = time.monotonic() - start > timeout_secs
+            if (self.tail is not None and self.tail >= 2) or self.timed_out:
+                stop_chaos.set()
+                chaos_thread.join(10)
+                self.stopping_at = time.monotonic()
+                learner.request_stop("chaos_done")
+
+    hook = Chaos()
+    learner = Learner(agent if train else None, driver, replayer, train_steps_per_iteration=1,
+                      hooks=[hook])
+    error = None
+    try:
+        learner.run()
     except Exception as e:  # pylint: disable=broad-except
         error = f"{type(e).__name__}: {e}"
     finally:
         stop_chaos.set()
         chaos_thread.join(10)
-        restarts = {e: child(e).restarts for e in range(num_envs * env_batch_size)}
-        final_pids = [e.pid for env in driver.environments for e in env.pyenv.envs]
-        pids_seen.update(p for p in final_pids if p)
-        stop_start = time.monotonic()
-        try:
-            driver.stop()
-        except Exception as e:  # pylint: disable=broad-except
-            error = error or f"stop: {type(e).__name__}: {e}"
-        stop_secs = time.monotonic() - stop_start
+    # How long the learner took to stop the driver once it decided to stop.
+    stop_secs = time.monotonic() - (hook.stopping_at or time.monotonic())
+    if hook.timed_out:
+        error = error or f"timed out after {timeout_secs:.0f} s"
+    restarts = {e: child(e).restarts for e in range(num_envs * env_batch_size)}
+    pids_seen.update(e.pid for env in driver.environments for e in env.pyenv.envs if e.pid)
     elapsed = time.monotonic() - start
     deadline = time.monotonic() + 5
     while any(pid_alive(p) for p in pids_seen) and time.monotonic() < deadline:
@@ -241,22 +255,24 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     for env_id, unrolls in sorted(rows.items()):
         st, nst, disc, obs = (np.concatenate([u[k] for u in unrolls]) for k in range(4))
         env_rows_steps += len(st)
-        if len(set(obs[:, 0].tolist())) != 1:
+        if len(set(obs[:, OBS_ENV].tolist())) != 1:
             index_errors.append(env_id)
-        n_trunc, errs = check_row(st, nst, disc, obs[:, 1])
+        n_trunc, errs = check_row(st, nst, disc, obs[:, OBS_STEP])
         truncations[env_id] = n_trunc
         step_errors += [f"env {env_id} {e}" for e in errs]
     all_ids = range(num_envs * env_batch_size)
     mismatched = [e for e in all_ids
                   if not (kills.get(e, 0) == restarts[e] == truncations.get(e, 0))]
+    losses = hook.losses
     return dict(
         kills=sum(kills.values()), restarts=sum(restarts.values()),
         truncations=sum(truncations.values()),
         per_env={e: (kills.get(e, 0), restarts[e], truncations.get(e, 0)) for e in all_ids},
         mismatched_envs=mismatched, step_errors=step_errors[:20],
         num_step_errors=len(step_errors), env_index_errors=index_errors,
-        env_steps=env_steps, steps_checked=env_rows_steps, batches=batches,
-        train_steps=train_steps, final_loss=losses[-1] if losses else None,
+        env_steps=learner.env_steps, steps_checked=env_rows_steps,
+        batches=learner.iterations, train_steps=learner.train_step,
+        final_loss=losses[-1] if losses else None,
         loss_finite=bool(np.all(np.isfinite(losses))) if losses else None,
         children_seen=len(pids_seen), children_left=children_left,
         chaos_error=repr(chaos_error[0]) if chaos_error else None,

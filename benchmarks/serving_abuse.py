@@ -2,7 +2,11 @@
 well-behaved clients play, and clients that vanish mid-episode.
 
 Shared by tests/stress/test_serving_abuse.py (reduced counts) and
-benchmarks/reliability.py (full counts, `print_full_figures(args)`).
+benchmarks/reliability.py (full counts, `print_full_figures(args)`); alone:
+
+    python benchmarks/serving_abuse.py [--abuse_bad_requests 10000] [--abuse_vanishing 100]
+
+Needs hypothesis (pip install -e '.[test]').
 
 - `fuzz_trial(num_bad_requests, num_good_clients, seed)`: a server with a
   token, `max_body_bytes=4096` and a driver whose learner takes every batch;
@@ -142,6 +146,7 @@ class ServedPolicy(object):
 
     def __init__(self, num_envs, unroll_length=4, **server_kwargs):
         from alf_async import AsyncOffPolicyDriver
+        from alf_async.learner import Learner
         from alf_async.serving import PolicyServerEnv
         action_spec, obs_spec = _specs()
         self.server = PolicyServerEnv(action_spec, obs_spec, host="127.0.0.1", **server_kwargs)
@@ -150,33 +155,27 @@ class ServedPolicy(object):
         self.filter = self.server.experience_filter(observers=[self._count])
         try:
             self.driver = AsyncOffPolicyDriver(
-                self.server.tf_env_factory(), self.policy, num_envs=num_envs,
+                self.server.env_constructor(), self.policy, num_envs=num_envs,
                 unroll_length=unroll_length, actor_queue_cap=1,
                 exp_observers=[self.filter], stop_grace_period_secs=1.0)
         except BaseException:
             self.server.close()
             raise
         self.filter.bind(self.driver)
-        self.driver.start()
-        self.learner = threading.Thread(target=self._learn, name="abuse_learner", daemon=True)
-        self.learner.start()
+        # A learner without an agent: it takes every batch (for the filter).
+        self.learner = Learner(None, self.driver)
+        self.thread = threading.Thread(target=self.learner.run, name="abuse_learner",
+                                       daemon=True)
+        self.thread.start()  # starts the driver (and the server's loop)
         host, port = self.server.address[len("http://"):].rsplit(":", 1)
         self.host, self.port = host, int(port)
 
     def _count(self, exp, env_ids):
         self.batches += 1
 
-    def _learn(self):
-        from alf_async import DriverStoppedError
-        try:
-            while True:
-                self.driver.run_async()
-        except DriverStoppedError:
-            pass
-
     def stop(self):
-        self.driver.stop()
-        self.learner.join(10)
+        self.learner.stop()
+        self.thread.join(10)
         self.server.close()
 
 

@@ -1,5 +1,5 @@
-"""Reliability trials shared by tests/stress (reduced counts) and
-benchmarks/reliability.py (full counts).
+"""Driver lifecycle and fault trials shared by tests/stress (reduced counts)
+and benchmarks/reliability.py (full counts).
 
 Each trial builds a driver on CountingEnvs, drives it into one state, stops
 it, and reports what a user would check: how long stop() took, which driver
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.testing.envs import CountingEnvFactory
+from alf_async.testing.envs import CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy, FailingPolicy
 
 DRIVER_THREAD_PREFIXES = ("env", "actor", "log", "queue_closer")
@@ -37,7 +37,7 @@ def open_queues(driver):
 
 
 def _specs():
-    env = CountingEnvFactory()()
+    env = CountingEnvConstructor()()
     return env.time_step_spec(), env.action_spec()
 
 
@@ -64,7 +64,7 @@ def lifecycle_trial(rng):
     if state == "actor_queues_full":
         policy_cls = _SlowPolicy
         kwargs["num_envs"] = 4
-    driver = AsyncOffPolicyDriver(CountingEnvFactory(batch_size=int(rng.integers(1, 3)),
+    driver = AsyncOffPolicyDriver(CountingEnvConstructor(batch_size=int(rng.integers(1, 3)),
                                                      **env_kwargs),
                                   policy_cls(*_specs()), **kwargs)
     learner = None
@@ -134,7 +134,7 @@ def fault_trial(rng):
 
         observers = [observer]
         expected = InjectedFault
-    driver = AsyncOffPolicyDriver(CountingEnvFactory(**env_kwargs), policy,
+    driver = AsyncOffPolicyDriver(CountingEnvConstructor(**env_kwargs), policy,
                                   num_envs=int(rng.integers(1, 4)), unroll_length=2,
                                   observers=observers)
     driver.start()
@@ -148,7 +148,7 @@ def fault_trial(rng):
     stop_start = time.perf_counter()
     driver.stop()
     stop_secs = time.perf_counter() - stop_start
-    fresh = AsyncOffPolicyDriver(CountingEnvFactory(), CountingPolicy(*_specs()), num_envs=1,
+    fresh = AsyncOffPolicyDriver(CountingEnvConstructor(), CountingPolicy(*_specs()), num_envs=1,
                                  unroll_length=2)
     fresh.start()
     try:

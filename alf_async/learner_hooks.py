@@ -1,0 +1,169 @@
+"""What the learner does besides training, as `Hook`s (tf-agents' triggers):
+
+- `SummaryHook(interval)`: the driver's metrics (tf-agents' tags), the
+  learner's loss (Learner/...) and the driver's health (Perf/, Queues/,
+  Env/) every `interval` train steps and at the end, to the learner's
+  summary writer.
+- `EvaluationHook(evaluator, writer, interval, stop_at_return)`: the greedy
+  policy's average return every `interval` train steps (its graph is traced
+  on the learner's helper thread once training starts); stops the learner
+  once it reaches `stop_at_return`.
+- `CheckpointHook(checkpointer, interval)`: a checkpoint every `interval`
+  train steps and at the end.
+- `ProgressHook(print_fn, interval_secs)`: a progress line every
+  `interval_secs` seconds and at the end.
+
+Threads: every method runs on the learner's thread; `evaluations` and
+`solved_secs` may be read once `run()` returned.
+"""
+
+import time
+
+import tensorflow as tf
+
+from alf_async import metrics as metrics_lib
+from alf_async.health import DriverHealth, write_loss
+from alf_async.learner import Hook, crossed
+
+
+class SummaryHook(Hook):
+    """Training summaries every `interval` train steps and at the end (under
+    the learner's summary writer, which must be set)."""
+
+    def __init__(self, interval):
+        self._interval = interval
+        self._health = None
+
+    def begin(self, learner):
+        self._health = DriverHealth(learner.driver)
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > train_step_before and crossed(train_step_before, train_step,
+                                                      self._interval):
+            self._write(learner, train_step)
+
+    def end(self, learner, stopped_by):
+        self._write(learner, learner.train_step)
+        tf.summary.flush()
+
+    def _write(self, learner, step):
+        driver = learner.driver
+        with tf.summary.record_if(True):
+            for metric in driver.get_metrics():
+                metric.tf_summaries(train_step=learner.agent.train_step_counter,
+                                    step_metrics=driver.get_step_metrics())
+            if learner.loss is not None:
+                write_loss(learner.loss, step)
+            self._health.write(step)
+
+
+class EvaluationHook(Hook):
+    """Evaluates every `interval` train steps with `evaluator`
+    (`alf_async.evaluation.Evaluator`); writes `Metrics/AverageReturn`,
+    `Metrics/AverageEpisodeLength` and `Metrics_vs_EnvironmentSteps/
+    AverageReturn` to `writer`, prints a line, and stops the learner
+    ('stop_at_eval_return') once an average return reaches `stop_at_return`.
+
+    Attributes:
+        evaluations: [(seconds since the loop started, train step, env
+            steps, average return, average episode length)].
+        solved_secs: seconds from the loop's start to the first evaluation
+            that reached `stop_at_return` (None if none did).
+    """
+
+    def __init__(self, evaluator, writer, interval, stop_at_return=None, print_fn=print):
+        self._evaluator = evaluator
+        self._writer = writer
+        self._interval = interval
+        self._stop_at_return = stop_at_return
+        self._print = print_fn
+        self.evaluations = []
+        self.solved_secs = None
+
+    def training_started(self, learner):
+        learner.warm_up.submit("eval", self._evaluator.trace)
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > train_step_before and crossed(train_step_before, train_step,
+                                                      self._interval):
+            self._evaluate(learner, train_step)
+
+    def end(self, learner, stopped_by):
+        self._writer.flush()
+
+    def _evaluate(self, learner, step):
+        learner.warm_up.wait("eval")
+        average_return, average_length = self._evaluator()
+        secs = time.monotonic() - learner.start_time
+        env_steps = learner.env_steps
+        self.evaluations.append((secs, step, env_steps, average_return, average_length))
+        with self._writer.as_default(), tf.summary.record_if(True):
+            tf.summary.scalar("Metrics/AverageReturn", average_return, step=step)
+            tf.summary.scalar("Metrics/AverageEpisodeLength", average_length, step=step)
+            tf.summary.scalar("Metrics_vs_EnvironmentSteps/AverageReturn", average_return,
+                              step=env_steps)
+        self._print(f"[alf_async] eval at train step {step} ({secs:.1f} s, {env_steps} env "
+                    f"steps): AverageReturn {average_return:.1f} over "
+                    f"{self._evaluator.num_episodes} episodes, AverageEpisodeLength "
+                    f"{average_length:.1f}")
+        if (self._stop_at_return is not None and self.solved_secs is None and
+                average_return >= self._stop_at_return):
+            self.solved_secs = secs
+            learner.request_stop("stop_at_eval_return")
+
+
+class CheckpointHook(Hook):
+    """Saves `checkpointer` (a tf-agents `common.Checkpointer`) every
+    `interval` train steps and at the end."""
+
+    def __init__(self, checkpointer, interval):
+        self._checkpointer = checkpointer
+        self._interval = interval
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > train_step_before and crossed(train_step_before, train_step,
+                                                      self._interval):
+            self._save(learner)
+
+    def end(self, learner, stopped_by):
+        self._save(learner)
+
+    def _save(self, learner):
+        self._checkpointer.save(global_step=learner.agent.train_step_counter)
+
+
+class ProgressHook(Hook):
+    """A progress line every `interval_secs` seconds and at the end:
+
+        [alf_async] iteration 40 | env steps 320 (1234/s) | train steps 66 (250/s)
+            | AverageReturn 21.3 | loss 0.513
+    """
+
+    def __init__(self, print_fn=print, interval_secs=10.0):
+        self._print = print_fn
+        self._interval = interval_secs
+        self._last = None
+
+    def begin(self, learner):
+        self._last = (learner.start_time, learner.env_steps, learner.train_step)
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        now = time.monotonic()
+        if now - self._last[0] >= self._interval:
+            self._print_line(learner, now)
+
+    def end(self, learner, stopped_by):
+        self._print_line(learner, time.monotonic())
+
+    def _print_line(self, learner, now):
+        t0, env0, step0 = self._last
+        env_steps, step = learner.env_steps, learner.train_step
+        dt = max(now - t0, 1e-9)
+        average_return = float(metrics_lib.by_name(
+            learner.driver.get_metrics())["AverageReturn"].result())
+        loss = "-" if learner.loss is None else f"{float(learner.loss.loss):.4g}"
+        self._print(
+            f"[alf_async] iteration {learner.iterations} | env steps {env_steps} "
+            f"({(env_steps - env0) / dt:.0f}/s) | train steps {step} ({(step - step0) / dt:.0f}/s)"
+            f" | AverageReturn {average_return:.1f} | loss {loss}")
+        self._last = (now, env_steps, step)
