@@ -177,11 +177,14 @@ class AsyncOffPolicyDriver(object):
 
     def start(self):
         """Starts every thread. Raises RuntimeError if started or stopped before."""
-        if self._started or self._stopped:
-            raise RuntimeError("AsyncOffPolicyDriver.start() can be called only once")
-        self._started = True
-        for t in self._threads:
-            t.start()
+        # Under the stop lock: a stop() from another thread waits until every
+        # thread is started (joining a thread not yet started raises).
+        with self._stop_lock:
+            if self._started or self._stopped:
+                raise RuntimeError("AsyncOffPolicyDriver.start() can be called only once")
+            self._started = True
+            for t in self._threads:
+                t.start()
         logger.info("alf_async driver started %d threads", len(self._threads))
 
     def get_training_exps(self):
