@@ -82,7 +82,9 @@ def _in_order_per_env(env_ids):
     metrics keeping one accumulator per environment see its rows in turn."""
     if len(np.unique(env_ids)) == len(env_ids):
         return [slice(None)]
-    seen = {}
-    nth = np.array([seen.setdefault(e, [0]).__setitem__(0, seen[e][0] + 1) or seen[e][0] - 1
-                    for e in env_ids.tolist()])
+    counts = {}
+    nth = np.empty(len(env_ids), np.int64)  # how many earlier rows share the row's env id
+    for row, env_id in enumerate(env_ids.tolist()):
+        nth[row] = counts.get(env_id, 0)
+        counts[env_id] = nth[row] + 1
     return [np.flatnonzero(nth == k) for k in range(nth.max() + 1)]
