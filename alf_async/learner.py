@@ -126,10 +126,10 @@ class Learner(object):
         self._sample_batch_size = sample_batch_size
         self._initial_collect_steps = initial_collect_steps or 0
         self._hooks = list(hooks)
-        self._counters = counters or LearnerCounters()
+        self._counters = counters if counters is not None else LearnerCounters()
         self._summary_writer = summary_writer
         self._summary_interval = summary_interval
-        self._stop_event = stop_event or threading.Event()
+        self._stop_event = stop_event if stop_event is not None else threading.Event()
         self._warm_up = WarmUp()
         self._training = False
         self._requested = None
@@ -227,6 +227,7 @@ class Learner(object):
 
     def run(self, num_iterations=None, num_env_steps=None, num_train_steps=None):
         """Starts the driver, trains until a limit or a stop, stops the driver.
+        Call it once (a driver starts once).
 
         Args:
             num_iterations: stop once this many iterations ran in total
