@@ -28,13 +28,11 @@ import time
 
 import gym
 import numpy as np
-from tf_agents.drivers import dynamic_step_driver
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
-from tf_agents.utils import common
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.testing.policies import dqn_collect_policy
-from usage import Usage  # benchmarks/ is this script's directory
+from usage import measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
 
 ENV = "CartPole-v0"
 
@@ -73,39 +71,20 @@ def slow_envs(seeds, mean_secs, dist):
 
 def lockstep_round(policy, args, seconds):
     env = slow_envs(range(args.num_envs), args.mean_ms / 1000, args.dist)
-    steps_per_run = args.num_envs * 10
-    driver = dynamic_step_driver.DynamicStepDriver(env, policy, num_steps=steps_per_run)
-    run = common.function(driver.run)
-    time_step, policy_state = run()  # trace + warm up
-    steps, usage = 0, Usage()
-    while usage.elapsed() < seconds:
-        time_step, policy_state = run(time_step, policy_state)
-        steps += steps_per_run
-    env.close()
-    return usage.per_step(steps)
+    try:
+        return measure_dynamic_step_driver(env, policy, args.num_envs * 10, seconds)
+    finally:
+        env.close()
 
 
 def async_round(policy, args, layout, seconds):
     threads, per_thread = layout
     seeds = iter(range(10_000, 20_000))
-    driver = AsyncOffPolicyDriver(
+    return measure_driver(AsyncOffPolicyDriver(
         lambda: slow_envs([next(seeds) for _ in range(per_thread)], args.mean_ms / 1000,
                           args.dist),
         policy, num_envs=threads, num_actor_queues=1, actor_queue_cap=threads,
-        learn_queue_cap=threads, unroll_length=8)
-    driver.start()
-    try:
-        for _ in range(3):  # warm up
-            driver.run_async()
-        steps, usage = 0, Usage()
-        while usage.elapsed() < seconds:
-            steps += driver.run_async()
-        result = usage.per_step(steps)
-        stats = driver.get_perf_stats()
-    finally:
-        driver.stop()
-    result["batch"] = stats["actor_rows"] / max(1, stats["actor_batches"])
-    return result
+        learn_queue_cap=threads, unroll_length=8), seconds)
 
 
 def parse_layout(text):

@@ -23,14 +23,12 @@ import argparse
 import statistics
 
 import gym
-from tf_agents.drivers import dynamic_step_driver
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
-from tf_agents.utils import common
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.gym_batch import BatchedGymEnv
 from alf_async.testing.policies import dqn_collect_policy
-from usage import Usage  # benchmarks/ is this script's directory
+from usage import measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
 
 ENV = "CartPole-v0"
 NUM_ENVS = 64
@@ -51,35 +49,14 @@ def gym_batch_envs(n):
 
 
 def dynamic_step_round(policy, tf_env, seconds):
-    steps_per_run = NUM_ENVS * 25
-    driver = dynamic_step_driver.DynamicStepDriver(tf_env, policy, num_steps=steps_per_run)
-    run = common.function(driver.run)
-    time_step, policy_state = run()  # trace + warm up
-    steps, usage = 0, Usage()
-    while usage.elapsed() < seconds:
-        time_step, policy_state = run(time_step, policy_state)
-        steps += steps_per_run
-    return usage.per_step(steps)
+    return measure_dynamic_step_driver(tf_env, policy, NUM_ENVS * 25, seconds)
 
 
-def async_round(policy, env_f, layout, seconds):
+def async_round(policy, env_constructor, layout, seconds):
     threads, per_thread = layout
-    driver = AsyncOffPolicyDriver(lambda: env_f(per_thread), policy, num_envs=threads,
-                                  num_actor_queues=1, actor_queue_cap=threads,
-                                  learn_queue_cap=threads, unroll_length=16)
-    driver.start()
-    try:
-        for _ in range(3):  # warm up
-            driver.run_async()
-        steps, usage = 0, Usage()
-        while usage.elapsed() < seconds:
-            steps += driver.run_async()
-        result = usage.per_step(steps)
-        stats = driver.get_perf_stats()
-    finally:
-        driver.stop()
-    result["batch"] = stats["actor_rows"] / max(1, stats["actor_batches"])
-    return result
+    return measure_driver(AsyncOffPolicyDriver(
+        lambda: env_constructor(per_thread), policy, num_envs=threads, num_actor_queues=1,
+        actor_queue_cap=threads, learn_queue_cap=threads, unroll_length=16), seconds)
 
 
 def main():

@@ -30,3 +30,40 @@ class Usage(object):
         steps = max(steps, 1)
         return dict(rate=steps / wall, cpu_us=cpu / steps * 1e6, cs=cs / steps,
                     cpu_pct=100 * cpu / wall)
+
+
+def measure_driver(driver, seconds, warm_up_batches=3):
+    """Starts `driver`, times `run_async()` for `seconds`, stops it.
+
+    Returns:
+        `Usage.per_step` of the timed part, plus `batch`: the mean actor
+        batch in rows.
+    """
+    driver.start()
+    try:
+        for _ in range(warm_up_batches):
+            driver.run_async()
+        steps, usage = 0, Usage()
+        while usage.elapsed() < seconds:
+            steps += driver.run_async()
+        result = usage.per_step(steps)
+        stats = driver.get_perf_stats()
+    finally:
+        driver.stop()
+    result["batch"] = stats["actor_rows"] / max(1, stats["actor_batches"])
+    return result
+
+
+def measure_dynamic_step_driver(tf_env, policy, steps_per_run, seconds):
+    """Times tf-agents' DynamicStepDriver (as a tf.function) on `tf_env` for `seconds`."""
+    from tf_agents.drivers import dynamic_step_driver  # pylint: disable=import-outside-toplevel
+    from tf_agents.utils import common  # pylint: disable=import-outside-toplevel
+
+    driver = dynamic_step_driver.DynamicStepDriver(tf_env, policy, num_steps=steps_per_run)
+    run = common.function(driver.run)
+    time_step, policy_state = run()  # trace + warm up
+    steps, usage = 0, Usage()
+    while usage.elapsed() < seconds:
+        time_step, policy_state = run(time_step, policy_state)
+        steps += steps_per_run
+    return usage.per_step(steps)
