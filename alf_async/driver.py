@@ -32,12 +32,11 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async import eager_tensor_fix
 from alf_async import metrics as metrics_lib
 from alf_async.actor_thread import ActorThread
-from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks
+from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks, uses_python_env
 from alf_async.log_thread import LogThread
 from alf_async.queues import TFQueues, check_queue_config
 
@@ -133,9 +132,13 @@ class AsyncOffPolicyDriver(object):
         ]
         initial_state = tf.nest.map_structure(
             lambda t: t.numpy(), self._policy.get_initial_state(B))
+        # The step token only where two graph-mode Python steps could contend.
+        graph_python = [not blocks(e) and uses_python_env(e) for e in self._envs]
+        token = q.step_token if sum(graph_python) > 1 else None
         self._env_threads = [
             EnvThread(f"env{i}", self._coord, env, i, q, q.actor_queues[i % num_actor_queues],
-                      q.action_return_queues[i], initial_state, self._unroll_length)
+                      q.action_return_queues[i], initial_state, self._unroll_length,
+                      step_token=token if graph_python[i] else None)
             for i, env in enumerate(self._envs)
         ]
         self._metrics = [

@@ -75,7 +75,7 @@ class EnvThread(threading.Thread):
     """Owns one environment (batch size B) and runs it until the queues close."""
 
     def __init__(self, name, coord, env, env_index, queues, actor_queue, return_queue,
-                 initial_policy_state, unroll_length):
+                 initial_policy_state, unroll_length, step_token=None):
         """
         Args:
             name: thread name.
@@ -87,6 +87,10 @@ class EnvThread(threading.Thread):
             return_queue: the `NestFIFOQueue` its actions come back on.
             initial_policy_state: nest of tensors, the policy state for B rows.
             unroll_length: T.
+            step_token: the `NestFIFOQueue` holding the token that graph-mode
+                env threads pass around their Python steps, or None to step
+                without one (a lone graph-mode env thread contends with no
+                other: the token would only add two queue ops per step).
         """
         super().__init__(name=name, daemon=True)
         self._coord = coord
@@ -98,6 +102,7 @@ class EnvThread(threading.Thread):
         self._initial_policy_state = initial_policy_state
         self._T = unroll_length
         self._B = queues.env_batch_size
+        self._step_token = step_token
         time_step_spec, state_spec, _ = actor_queue.element_spec
         self._batched_time_step_spec = batched_spec(time_step_spec, self._B)
         self._batched_state_spec = batched_spec(state_spec, self._B)
@@ -192,20 +197,25 @@ class EnvThread(threading.Thread):
         if not self._python_env:
             return self._env.step(action)
         flat_spec = tf.nest.flatten(self._batched_time_step_spec)
-        # One Python step at a time across env threads (the step token, see
-        # TFQueues.step_token): they hold the GIL anyway, and two waiting for
-        # it would hold both of TF's default inter-op threads, starving the
-        # actors.
-        token = self._queues.step_token.queue
-        with tf.control_dependencies(tf.nest.flatten(action)):
-            taken = token.dequeue()
-        with tf.control_dependencies([taken]):
-            flat = tf.numpy_function(self._py_step, tf.nest.flatten(action),
-                                     [s.dtype for s in flat_spec], stateful=True)
-        with tf.control_dependencies(flat):
-            returned = token.enqueue(taken)
-        with tf.control_dependencies([returned]):
-            flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
+        dtypes = [s.dtype for s in flat_spec]
+        if self._step_token is None:
+            flat = tf.numpy_function(self._py_step, tf.nest.flatten(action), dtypes,
+                                     stateful=True)
+        else:
+            # One Python step at a time across env threads (the step token):
+            # they hold the GIL anyway, and two waiting for it would hold both
+            # of TF's default inter-op threads, starving the actors.
+            token = self._step_token.queue
+            with tf.control_dependencies(tf.nest.flatten(action)):
+                taken = token.dequeue()
+            with tf.control_dependencies([taken]):
+                flat = tf.numpy_function(self._py_step, tf.nest.flatten(action), dtypes,
+                                         stateful=True)
+            with tf.control_dependencies(flat):
+                returned = token.enqueue(taken)
+            with tf.control_dependencies([returned]):
+                flat = [tf.identity(t) for t in flat]
+        flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
         return tf.nest.pack_sequence_as(self._batched_time_step_spec, flat)
 
     def _act(self, time_step, policy_state, env_ids):
