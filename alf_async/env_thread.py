@@ -16,8 +16,13 @@ competed for the GIL.
 
 Environments whose step blocks on something outside the process (a child
 process, a Ray actor, a client of an ExternalEnv) declare it with
-`blocking_step = True` on their Python environment. Those are stepped from a
-Python loop with eager queue ops instead: inside the graph, a blocked
+`blocking_step = True` on their Python environment. When the rows of such a
+batch are separate environments (tf-agents' BatchedPyEnvironment, our
+BatchedSubprocessEnv), each row is stepped on its own worker thread and
+asks for its action as soon as it is ready (`_rows_loop`, env_rows.py): no
+row waits for a slower one. Other blocking environments are stepped as one
+batch from a Python loop with eager queue ops (`_python_loop`). Both stay off
+the graph: inside the graph, a blocked
 `numpy_function` holds one of TF's inter-op threads (as many as cores by
 default), so a few blocked steps starved the actors and deadlocked the
 driver (measured: 3 ExternalEnv slots and one client on 2 cores), and at
@@ -34,7 +39,10 @@ errors already.
 Threads: `run()` is this thread; everything blocks inside the graph call
 (actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
 environment's own step). Closing the queues ends the call; an environment
-step in progress finishes first. The perf counters may be read by any thread.
+step in progress finishes first. The Python loops block in the same queue
+ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
+(then checks for stop); its row workers are described in env_rows.py. The
+perf counters may be read by any thread.
 """
 
 import threading
@@ -45,6 +53,7 @@ import tensorflow as tf
 from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
+from alf_async.env_rows import RowFailed, RowWorkers, row_envs
 from alf_async.queues import batched_spec
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
@@ -109,6 +118,9 @@ class EnvThread(threading.Thread):
         self._batched_policy_step_spec = batched_spec(queues.policy_step_spec, self._B)
         self._python_env = uses_python_env(env)
         self._env_error = None
+        # Counters of the Python loops (the graph loop uses the variables).
+        self._py_steps = 0
+        self._py_wait = 0.0
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
         self._wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                  name=name + "_action_wait_secs")
@@ -116,17 +128,20 @@ class EnvThread(threading.Thread):
     @property
     def steps(self):
         """Env steps this thread has put into unrolls."""
-        return int(self._steps.numpy())
+        return int(self._steps.numpy()) + self._py_steps
 
     @property
     def action_wait_secs(self):
         """Seconds this thread spent waiting for its actions."""
-        return float(self._wait.numpy())
+        return float(self._wait.numpy()) + self._py_wait
 
     def run(self):
         with self._coord.stop_on_exception():
             try:
-                if blocks(self._env):
+                rows = row_envs(self._env)
+                if rows is not None:
+                    self._rows_loop(rows)
+                elif blocks(self._env):
                     self._python_loop(self._env.pyenv.reset())
                 else:
                     time_step = self._env.reset()
@@ -141,6 +156,81 @@ class EnvThread(threading.Thread):
                     raise self._env_error.with_traceback(
                         self._env_error.__traceback__) from None
                 raise
+
+    # ------------------------------------------- Python, row by row (blocking)
+
+    def _rows_loop(self, envs):
+        """Steps each row on its own worker thread and asks for actions for
+        whichever rows are ready (EnvPool's asynchronous mode, see env_rows.py).
+
+        A worker records its row's transition itself, right after the step,
+        in per-row unroll buffers; a row with T transitions is copied out
+        whole. Each iteration of this thread then takes the rows that are
+        ready, sends one request of them to the actor, waits for their
+        policy steps and hands each row its action; once B rows' unrolls are
+        complete it ships them (one enqueue to the log queue, then one to the
+        learn queue). A row waits only for its own step and one forward pass,
+        never for the other rows of its batch.
+
+        Every blocking call of this thread releases the GIL, and taking it
+        back means waiting behind the workers that want it (instrumented with
+        32 workers on 2 cores: ~0.5-1 ms per call), so the loop makes few:
+        one wait for ready rows, one request and one reply per iteration,
+        raw queue ops on numpy arrays. (A graph loop taking the GIL once per
+        iteration in a numpy_function measured no faster, and held one of
+        TF's inter-op threads while it waited, so this stays in Python.)
+        """
+        B, T = self._B, self._T
+        request, reply = self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref
+        learn, log = (self._queues.learn_queue.queue.queue_ref,
+                      self._queues.log_queue.queue.queue_ref)
+        step_spec = self._queues.policy_step_spec
+        step_dtypes = [s.dtype for s in tf.nest.flatten(step_spec)]
+        num_action = len(tf.nest.flatten(step_spec.action))
+        num_state = len(tf.nest.flatten(step_spec.state))
+        action_spec = self._env.pyenv.action_spec()
+        env_ids = np.arange(self._index * B, (self._index + 1) * B, dtype=np.int32)
+        recorder = _RowRecorder(self._actor_queue.element_spec[0], step_spec,
+                                self._queues.unroll_spec[0], B, T)
+        state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
+        workers = RowWorkers(self.name, envs, recorder.record)
+        workers.start()
+        try:
+            while True:
+                results = workers.recv(timeout=0.1)
+                if not results:
+                    if self._coord.should_stop():
+                        return
+                    continue
+                rows = []
+                for r, result in results:
+                    if isinstance(result, RowFailed):
+                        self._env_error = result.error
+                        raise result.error
+                    rows.append(r)
+                if len(recorder.complete) >= B:
+                    unroll = recorder.take_complete(env_ids)
+                    tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
+                    tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
+                    self._py_steps += T * len(unroll[-1])
+                tf.raw_ops.QueueEnqueueManyV2(
+                    handle=request,
+                    components=[f[rows] for f in recorder.current] + [s[rows] for s in state] +
+                    [env_ids[rows]])
+                start = time.perf_counter()
+                flat_step = tf.raw_ops.QueueDequeueManyV2(handle=reply, n=len(rows),
+                                                          component_types=step_dtypes)
+                self._py_wait += time.perf_counter() - start
+                flat_step = [t.numpy() for t in flat_step]
+                recorder.acting_with(rows, flat_step)
+                for field, value in zip(state, flat_step[num_action:num_action + num_state]):
+                    field[rows] = value
+                for j, r in enumerate(rows):
+                    action = [f[j] for f in flat_step[:num_action]]
+                    workers.send(r, action[0] if num_action == 1 else
+                                 tf.nest.pack_sequence_as(action_spec, action))
+        finally:
+            workers.close()
 
     # ----------------------------------------------------- Python (blocking)
 
@@ -161,7 +251,7 @@ class EnvThread(threading.Thread):
         flat_state = [np.asarray(t) for t in tf.nest.flatten(self._initial_policy_state)]
         while True:
             transitions = []
-            waited = 0.0  # added to the variable once per unroll
+            waited = 0.0
             for _ in range(self._T):
                 tf.raw_ops.QueueEnqueueManyV2(
                     handle=request, components=tf.nest.flatten(time_step) + flat_state + [env_ids])
@@ -178,10 +268,8 @@ class EnvThread(threading.Thread):
             unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
             tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
             tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
-            self._steps.assign_add(self._T * self._B, read_value=False)
-            # As a numpy value: TF caches the tensor of every distinct Python
-            # float it converts, forever (~650 bytes each, measured).
-            self._wait.assign_add(np.asarray(waited), read_value=False)
+            self._py_steps += self._T * self._B
+            self._py_wait += waited
 
     # ------------------------------------------------------------------ graph
 
@@ -274,3 +362,74 @@ class EnvThread(threading.Thread):
 
         # Runs until a queue op fails because the driver closed the queues.
         tf.while_loop(lambda *_: True, body, (flat_time_step, flat_state), parallel_iterations=1)
+
+
+class _RowRecorder(object):
+    """Per-row unroll buffers for `EnvThread._rows_loop`.
+
+    Threads: `record(r, ...)` is called by row r's worker right after its
+    step; `acting_with` and `take_complete` by the env thread. They never
+    touch a row at the same time: a worker records only between receiving
+    its action (after `acting_with`) and reporting ready, and the env thread
+    reads a row only after it reported ready. `complete` is appended to by
+    workers and swapped out by the env thread (list operations are atomic
+    under the GIL).
+    """
+
+    def __init__(self, time_step_spec, policy_step_spec, unroll_spec, B, T):
+        def zeros(spec, outer):
+            return [np.zeros(outer + s.shape.as_list(), s.dtype.as_numpy_dtype)
+                    for s in tf.nest.flatten(spec)]
+
+        self._T = T
+        # The current time step of each row (its last request) and the
+        # policy step it is stepping with, batch-major.
+        self.current = zeros(time_step_spec, [B])
+        self.acting = zeros(policy_step_spec, [B])
+        self._buffers = zeros(unroll_spec, [B])  # [B, T, ...]
+        self._filled = [0] * B
+        self._started = [False] * B  # acting with a policy step yet
+        self.complete = []  # flat unrolls [T, ...] + [row], in completion order
+        # Where each trajectory field comes from: a leaf of the current time
+        # step or of the acting policy step (an array above), or a leaf of
+        # the next time step (None, the leaf's index); from_transition only
+        # routes fields, so tracing it with string leaves gives the map.
+        tags = {"current": (time_step_spec, self.current),
+                "acting": (policy_step_spec, self.acting), "next": (time_step_spec, None)}
+        traced = trajectory_lib.from_transition(*(
+            tf.nest.pack_sequence_as(spec, [f"{kind}:{i}"
+                                            for i in range(len(tf.nest.flatten(spec)))])
+            for kind, (spec, _) in tags.items()))
+        self._plan = []
+        for buffer, tag in zip(self._buffers, tf.nest.flatten(traced)):
+            kind, i = tag.split(":")
+            arrays = tags[kind][1]
+            self._plan.append((buffer, None if arrays is None else arrays[int(i)], int(i)))
+
+    def record(self, r, time_step):
+        """Row r stepped to `time_step` (a worker thread)."""
+        flat_next = tf.nest.flatten(time_step)
+        if self._started[r]:
+            t = self._filled[r]
+            for buffer, array, i in self._plan:
+                buffer[r, t] = flat_next[i] if array is None else array[r]
+            if t + 1 == self._T:
+                self.complete.append([b[r].copy() for b in self._buffers] + [r])
+                t = -1
+            self._filled[r] = t + 1
+        for field, value in zip(self.current, flat_next):
+            field[r] = value
+
+    def acting_with(self, rows, flat_step):
+        """`rows` will step with the policy steps `flat_step` (the env thread)."""
+        for field, value in zip(self.acting, flat_step):
+            field[rows] = value
+        for r in rows:
+            self._started[r] = True
+
+    def take_complete(self, env_ids):
+        """The complete unrolls so far, stacked: flat trajectory [n, T, ...] + env ids [n]."""
+        complete, self.complete = self.complete, []
+        unroll = [np.stack(leaves) for leaves in zip(*complete)]
+        unroll[-1] = env_ids[unroll[-1]]
+        return unroll

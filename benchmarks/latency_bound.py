@@ -12,27 +12,39 @@ with no wait for actions.
              (declaring blocking_step = True, so env threads step them from
              Python), one actor with dynamic batching, unroll 8.
 
+  ceiling    no policy and no TF: one plain Python thread per environment,
+             stepping it with a fixed action and reporting to one loop that
+             sends the next action at once. What this machine's GIL and
+             thread switches allow for these environments (each suite_gym
+             step holds the GIL ~50 us, each sleep costs a system call); no
+             collector built on Python threads can beat it.
+
 Same process, alternating rounds, the same DQN collect policy (QNetwork
 64x64); the driver's learner only dequeues. Prints steps/s, CPU us and
 context switches per env step (whole process), the ratio to lockstep and
-the fraction of the bound.
+the fractions of the bound and of the ceiling. TF's thread pools are
+process-wide, so --intra_op_threads/--inter_op_threads apply to both sides.
 
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
-        [--dist exp|const|lognormal] [--layouts 32x1 8x4 4x8] [--rounds 3]
-        [--seconds 5]
+        [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8] [--rounds 3]
+        [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0]
 """
 
 import argparse
+import queue
 import statistics
+import threading
 import time
 
 import gym
 import numpy as np
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
 
+import tensorflow as tf
+
 from alf_async import AsyncOffPolicyDriver
 from alf_async.testing.policies import dqn_collect_policy
-from usage import measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
+from usage import Usage, measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
 
 ENV = "CartPole-v0"
 
@@ -87,6 +99,39 @@ def async_round(policy, args, layout, seconds):
         learn_queue_cap=threads, unroll_length=8), seconds)
 
 
+def ceiling_round(args, seconds):
+    """Plain Python threads, one per environment, a fixed action, no TF."""
+    envs = slow_envs(range(20_000, 20_000 + args.num_envs), args.mean_ms / 1000,
+                     args.dist).pyenv.envs
+    ready, inboxes = queue.SimpleQueue(), [queue.SimpleQueue() for _ in envs]
+    action = np.zeros(envs[0].action_spec().shape, envs[0].action_spec().dtype)
+
+    def work(env, inbox):
+        env.reset()
+        while inbox.get() is not None:
+            env.step(action)
+            ready.put(inbox)
+
+    threads = [threading.Thread(target=work, args=(e, i), daemon=True)
+               for e, i in zip(envs, inboxes)]
+    for t, inbox in zip(threads, inboxes):
+        t.start()
+        inbox.put(True)
+    steps, usage = 0, Usage()
+    while usage.elapsed() < seconds:
+        inbox = ready.get()
+        inbox.put(True)
+        steps += 1
+    result = usage.per_step(steps)
+    for inbox in inboxes:
+        inbox.put(None)
+    for t in threads:
+        t.join()
+    for e in envs:
+        e.close()
+    return result
+
+
 def parse_layout(text):
     threads, per_thread = (int(x) for x in text.split("x"))
     return threads, per_thread
@@ -97,35 +142,42 @@ def main():
     parser.add_argument("--num_envs", type=int, default=32)
     parser.add_argument("--mean_ms", type=float, default=1.0)
     parser.add_argument("--dist", choices=["exp", "const", "lognormal"], default="exp")
-    parser.add_argument("--layouts", nargs="+", default=["32x1", "8x4", "4x8"])
+    parser.add_argument("--layouts", nargs="+", default=["1x32", "2x16", "4x8"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--intra_op_threads", type=int, default=0, help="0: TF's default")
+    parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TF's default")
     args = parser.parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     layouts = [parse_layout(x) for x in args.layouts]
     for threads, per_thread in layouts:
         if threads * per_thread != args.num_envs:
             parser.error(f"layout {threads}x{per_thread} is not {args.num_envs} environments")
     bound = args.num_envs / (args.mean_ms / 1000)
     policy = dqn_collect_policy(tf_py_environment.TFPyEnvironment(suite_gym.load(ENV)))
-    names = ["lockstep"] + [f"alf_async {t}x{b}" for t, b in layouts]
+    names = ["lockstep"] + [f"alf_async {t}x{b}" for t, b in layouts] + ["ceiling"]
     rows = {name: [] for name in names}
     for r in range(args.rounds):
         rows["lockstep"].append(lockstep_round(policy, args, args.seconds))
-        for name, layout in zip(names[1:], layouts):
+        rows["ceiling"].append(ceiling_round(args, args.seconds))
+        for name, layout in zip(names[1:-1], layouts):
             rows[name].append(async_round(policy, args, layout, args.seconds))
         print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]['rate']:.0f}" for n, v in rows.items()),
               flush=True)
+    ceiling = statistics.median(x["rate"] for x in rows["ceiling"])
     print(f"\n{args.num_envs} envs, {args.dist} latency of mean {args.mean_ms} ms: "
-          f"bound {bound:.0f} steps/s")
+          f"bound {bound:.0f} steps/s; TF threads intra {args.intra_op_threads or 'default'}, "
+          f"inter {args.inter_op_threads or 'default'}")
     print(f"{'collector':22s} {'steps/s':>9s} {'vs lockstep':>11s} {'of bound':>9s} "
-          f"{'CPU us/step':>11s} {'cs/step':>8s} {'batch':>6s}")
+          f"{'of ceiling':>10s} {'CPU us/step':>11s} {'cs/step':>8s} {'batch':>6s}")
     for name in names:
         med = {k: statistics.median(x[k] for x in rows[name])
                for k in rows[name][0]}
         ratio = statistics.median(a["rate"] / b["rate"]
                                   for a, b in zip(rows[name], rows["lockstep"]))
         print(f"{name:22s} {med['rate']:9.0f} {ratio:10.2f}x {med['rate'] / bound:8.0%} "
-              f"{med['cpu_us']:11.1f} {med['cs']:8.2f} {med.get('batch', 0):6.1f}")
+              f"{med['rate'] / ceiling:9.0%} {med['cpu_us']:11.1f} {med['cs']:8.2f} {med.get('batch', 0):6.1f}")
 
 
 if __name__ == "__main__":
