@@ -17,9 +17,9 @@ and declaring `blocking_step = True`.
 Threads: `start()`, `send()`, `recv()` and `close()` are called by the
 owning env thread only. Each worker thread blocks on its inbox
 (`queue.SimpleQueue.get`) and in its environment's step; `recv` blocks at
-most `timeout` seconds. `close()` tells idle workers to exit; a worker inside
-a step exits when the step returns (the driver closes blocking environments
-on stop, which ends such a step).
+most `timeout` seconds. `close()` tells the workers to exit and joins them:
+a worker inside a step exits when the step returns (the driver closes
+blocking environments on stop, which ends such a step).
 """
 
 import queue
@@ -100,9 +100,16 @@ class RowWorkers(object):
                 return results
 
     def close(self):
-        """Tells every worker to exit once it is idle. Does not wait."""
+        """Tells every worker to exit once it is idle and waits until they have.
+
+        A worker inside a step exits when the step returns; one that never
+        returns keeps the caller here, as a step of its own would.
+        """
         for inbox in self._inboxes:
             inbox.put(_STOP)
+        for t in self._threads:
+            if t.is_alive():
+                t.join()
 
     def _work(self, row):
         env, inbox, ready, on_step = (self._envs[row], self._inboxes[row], self._ready,

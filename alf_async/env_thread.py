@@ -45,6 +45,7 @@ ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
 perf counters may be read by any thread.
 """
 
+import collections
 import threading
 import time
 
@@ -371,9 +372,8 @@ class _RowRecorder(object):
     step; `acting_with` and `take_complete` by the env thread. They never
     touch a row at the same time: a worker records only between receiving
     its action (after `acting_with`) and reporting ready, and the env thread
-    reads a row only after it reported ready. `complete` is appended to by
-    workers and swapped out by the env thread (list operations are atomic
-    under the GIL).
+    reads a row only after it reported ready. `complete` is a deque that
+    workers append to and the env thread pops from (both thread-safe).
     """
 
     def __init__(self, time_step_spec, policy_step_spec, unroll_spec, B, T):
@@ -389,7 +389,7 @@ class _RowRecorder(object):
         self._buffers = zeros(unroll_spec, [B])  # [B, T, ...]
         self._filled = [0] * B
         self._started = [False] * B  # acting with a policy step yet
-        self.complete = []  # flat unrolls [T, ...] + [row], in completion order
+        self.complete = collections.deque()  # flat unrolls [T, ...] + [row], in order
         # Where each trajectory field comes from: a leaf of the current time
         # step or of the acting policy step (an array above), or a leaf of
         # the next time step (None, the leaf's index); from_transition only
@@ -429,7 +429,7 @@ class _RowRecorder(object):
 
     def take_complete(self, env_ids):
         """The complete unrolls so far, stacked: flat trajectory [n, T, ...] + env ids [n]."""
-        complete, self.complete = self.complete, []
+        complete = [self.complete.popleft() for _ in range(len(self.complete))]
         unroll = [np.stack(leaves) for leaves in zip(*complete)]
         unroll[-1] = env_ids[unroll[-1]]
         return unroll

@@ -131,16 +131,43 @@ class CountingEnv(py_environment.PyEnvironment):
         self.closed = True
 
 
+class BlockingCountingEnv(CountingEnv):
+    """A CountingEnv whose every step first sleeps, declaring `blocking_step`
+    (a remote or heavy simulator), so the driver steps its rows one by one.
+
+    Args:
+        latency: seconds each step sleeps, or a callable(env_index, rng) ->
+            seconds, `rng` a numpy Generator seeded with the env index.
+        **kwargs: CountingEnv's.
+    """
+
+    blocking_step = True
+
+    def __init__(self, latency=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self._latency = latency
+        self._rng = np.random.default_rng(self._index)
+
+    def _step(self, action):
+        secs = (self._latency(self._index, self._rng) if callable(self._latency)
+                else self._latency)
+        time.sleep(secs)
+        return super()._step(action)
+
+
 class CountingEnvConstructor(object):
     """A thread-safe env constructor for the driver: each call builds a
     TFEnvironment of `batch_size` CountingEnvs with fresh env indices
     (0, 1, 2, ... in call order).
 
     `episode_length` may be a callable(env_index) -> int to desynchronise envs.
-    `created` keeps every TFEnvironment built (to check they get closed).
+    `env_cls` is CountingEnv or a subclass (e.g. BlockingCountingEnv), built
+    with `env_kwargs`. `created` keeps every TFEnvironment built (to check
+    they get closed).
     """
 
-    def __init__(self, batch_size=1, episode_length=5, **env_kwargs):
+    def __init__(self, batch_size=1, episode_length=5, env_cls=CountingEnv, **env_kwargs):
+        self._env_cls = env_cls
         self._batch_size = batch_size
         self._episode_length = episode_length
         self._env_kwargs = env_kwargs
@@ -155,7 +182,7 @@ class CountingEnvConstructor(object):
         for i in indices:
             length = (self._episode_length(i) if callable(self._episode_length)
                       else self._episode_length)
-            envs.append(CountingEnv(env_index=i, episode_length=length, **self._env_kwargs))
+            envs.append(self._env_cls(env_index=i, episode_length=length, **self._env_kwargs))
         tf_env = tf_py_environment.TFPyEnvironment(
             batched_py_environment.BatchedPyEnvironment(envs, multithreading=False))
         tf_env.counting_envs = envs
