@@ -54,12 +54,12 @@ class DriverStoppedError(RuntimeError):
 class AsyncOffPolicyDriver(object):
     """Runs `num_envs` environments and batched actors in threads; feeds a learner."""
 
-    def __init__(self, env_f, policy, num_envs=1, num_actor_queues=1, unroll_length=8,
+    def __init__(self, env_constructor, policy, num_envs=1, num_actor_queues=1, unroll_length=8,
                  learn_queue_cap=1, actor_queue_cap=1, observers=(), metrics=(),
                  exp_observers=(), stop_grace_period_secs=4.0):
         """
         Args:
-            env_f: zero-arg callable returning a tf-agents TFEnvironment of batch
+            env_constructor: zero-arg callable returning a tf-agents TFEnvironment of batch
                 size B >= 1; called `num_envs` times, concurrently.
             policy: a tf-agents TFPolicy (e.g. `agent.collect_policy`); its
                 policy state, if any, is carried per environment.
@@ -81,7 +81,7 @@ class AsyncOffPolicyDriver(object):
             ValueError: a queue configuration that deadlocks, or environments
                 whose specs differ from each other or from the policy's.
             TypeError: a metric that is not an AsyncStepMetric.
-            Any exception `env_f` raises, with its type (the environments
+            Any exception `env_constructor` raises, with its type (the environments
             already built are closed).
         """
         check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_cap,
@@ -98,7 +98,7 @@ class AsyncOffPolicyDriver(object):
         self._learn_queue_cap = learn_queue_cap
         self._exp_observers = list(exp_observers)
         self._grace = stop_grace_period_secs
-        self._envs = _make_envs(env_f, num_envs)
+        self._envs = _make_envs(env_constructor, num_envs)
         _warn_if_few_inter_op_threads(sum(not blocks(e) for e in self._envs),
                                       num_actor_queues)
         try:
@@ -166,7 +166,8 @@ class AsyncOffPolicyDriver(object):
 
     @property
     def environments(self):
-        """The TFEnvironments the driver built (e.g. to read their `restarts`)."""
+        """The TFEnvironments the driver built (e.g. for
+        `capabilities.restarts_of(env)`)."""
         return list(self._envs)
 
     @property
@@ -347,10 +348,11 @@ def _size(queue):
         return 0
 
 
-def _make_envs(env_f, num_envs):
-    """Calls env_f num_envs times concurrently; closes all and re-raises on failure."""
-    with concurrent.futures.ThreadPoolExecutor(num_envs, thread_name_prefix="env_f") as pool:
-        futures = [pool.submit(env_f) for _ in range(num_envs)]
+def _make_envs(env_constructor, num_envs):
+    """Calls env_constructor num_envs times concurrently; closes all and re-raises on failure."""
+    with concurrent.futures.ThreadPoolExecutor(num_envs,
+                                               thread_name_prefix="env_constructor") as pool:
+        futures = [pool.submit(env_constructor) for _ in range(num_envs)]
         concurrent.futures.wait(futures)
     envs = [f.result() for f in futures if f.exception() is None]
     for f in futures:

@@ -12,7 +12,7 @@ shared ready queue that the env thread drains.
 `row_envs(tf_env)` says which environments are stepped this way: a
 TFPyEnvironment whose Python environment has `envs` (tf-agents'
 BatchedPyEnvironment, our BatchedSubprocessEnv), every one of them unbatched
-and declaring `blocking_step = True`.
+and whose step blocks (`capabilities.steps_block`).
 
 Threads: `start()`, `send()`, `recv()` and `close()` are called by the
 owning env thread only. Each worker thread blocks on its inbox
@@ -48,7 +48,7 @@ def row_envs(tf_env):
     if not envs or getattr(tf_env, "_pool", None) is not None:
         return None
     if all(isinstance(e, py_environment.PyEnvironment) and not e.batched and
-           getattr(e, "blocking_step", False) for e in envs):
+           capabilities.steps_block(e) for e in envs):
         return list(envs)
     return None
 

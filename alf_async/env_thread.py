@@ -51,24 +51,26 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from tf_agents.environments import batched_py_environment, tf_py_environment
+from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async.env_rows import RowFailed, RowWorkers, row_envs
+from alf_async.environments import capabilities
 from alf_async.queues import batched_spec
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
 
 
 def blocks(tf_env):
-    """True when `tf_env`'s Python environment declares `blocking_step = True`
-    (directly, or every environment of a tf-agents BatchedPyEnvironment)."""
+    """True when `tf_env`'s Python environment's step blocks
+    (`capabilities.steps_block`): its own, or every environment's of a
+    tf-agents BatchedPyEnvironment."""
     if not uses_python_env(tf_env):
         return False
     pyenv = tf_env.pyenv
     if isinstance(pyenv, batched_py_environment.BatchedPyEnvironment):
-        return all(getattr(e, "blocking_step", False) for e in pyenv.envs)
-    return bool(getattr(pyenv, "blocking_step", False))
+        return all(capabilities.steps_block(e) for e in pyenv.envs)
+    return capabilities.steps_block(pyenv)
 
 
 def uses_python_env(tf_env):
@@ -77,8 +79,7 @@ def uses_python_env(tf_env):
     A TFPyEnvironment built with `isolation=True` must run its environment on
     its own thread, so it is stepped through `tf_env.step` instead.
     """
-    return (isinstance(tf_env, tf_py_environment.TFPyEnvironment) and
-            getattr(tf_env, "_pool", None) is None)
+    return capabilities.python_env(tf_env) is not None and getattr(tf_env, "_pool", None) is None
 
 
 class EnvThread(threading.Thread):

@@ -11,8 +11,8 @@ from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.metrics import tf_metrics
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.metrics import AsyncStepMetric
-from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvFactory
+from alf_async.metrics import AsyncStepMetric, by_name
+from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
                                         expected_counting_action)
 from conftest import driver_threads
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def specs(batch_size=1):
-    env = CountingEnvFactory(batch_size=batch_size)()
+    env = CountingEnvConstructor(batch_size=batch_size)()
     return env.time_step_spec(), env.action_spec()
 
 
@@ -48,7 +48,7 @@ def rows_by_env(batches):
 
 def test_batches_are_continuous_per_env_with_stable_ids_and_exact_steps():
     B, num_envs, T, cap = 2, 3, 4, 2
-    factory = CountingEnvFactory(batch_size=B, episode_length=lambda i: 3 + i)
+    factory = CountingEnvConstructor(batch_size=B, episode_length=lambda i: 3 + i)
     driver = make(factory, num_envs=num_envs, unroll_length=T, learn_queue_cap=cap,
                   actor_queue_cap=2)
     driver.start()
@@ -77,7 +77,7 @@ def test_batches_are_continuous_per_env_with_stable_ids_and_exact_steps():
         env_index_of[env_id] = int(obs[0, OBS_ENV])
         # No step lost, none repeated: counters are consecutive across batches.
         np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
-    # The B rows of one env thread are one env's batch (built by one env_f call).
+    # The B rows of one env thread are one env's batch (built by one env_constructor call).
     for thread in range(num_envs):
         indices = sorted(env_index_of[thread * B + b] for b in range(B))
         assert indices[0] % B == 0 and indices == list(range(indices[0], indices[0] + B))
@@ -85,7 +85,7 @@ def test_batches_are_continuous_per_env_with_stable_ids_and_exact_steps():
 
 
 def test_rewards_discounts_and_step_types_follow_the_env():
-    driver = make(CountingEnvFactory(episode_length=3), num_envs=1, unroll_length=8)
+    driver = make(CountingEnvConstructor(episode_length=3), num_envs=1, unroll_length=8)
     driver.start()
     try:
         (exp, _, _), = collect(driver, 1)
@@ -100,7 +100,7 @@ def test_rewards_discounts_and_step_types_follow_the_env():
 
 
 def test_rnn_policy_state_is_carried_per_environment():
-    factory = CountingEnvFactory(batch_size=2, episode_length=lambda i: 2 + 2 * i)
+    factory = CountingEnvConstructor(batch_size=2, episode_length=lambda i: 2 + 2 * i)
     driver = make(factory, policy_cls=StatefulCountingPolicy, num_envs=4, unroll_length=3,
                   learn_queue_cap=2, num_actor_queues=2, actor_queue_cap=2)
     driver.start()
@@ -121,7 +121,7 @@ def test_rnn_policy_state_is_carried_per_environment():
 
 def test_metrics_count_every_unroll_after_stop_and_follow_tf_agents():
     seen = []
-    factory = CountingEnvFactory(batch_size=2, episode_length=5)
+    factory = CountingEnvConstructor(batch_size=2, episode_length=5)
     driver = make(factory, num_envs=3, unroll_length=4, learn_queue_cap=2,
                   observers=[lambda traj: seen.append(
                       tf.nest.map_structure(lambda t: t.numpy(), traj))])
@@ -132,8 +132,9 @@ def test_metrics_count_every_unroll_after_stop_and_follow_tf_agents():
             learned.append(exp.observation)
     finally:
         driver.stop()
-    episodes, env_steps, avg_return, avg_length = [m.result().numpy()
-                                                   for m in driver.get_metrics()]
+    result = {name: m.result().numpy() for name, m in by_name(driver.get_metrics()).items()}
+    episodes, env_steps = result["NumberOfEpisodes"], result["EnvironmentSteps"]
+    avg_return, avg_length = result["AverageReturn"], result["AverageEpisodeLength"]
     assert avg_return == 5.0 and avg_length == 5.0
     # Exactly tf-agents' counts over every unroll the LogThread saw ...
     ref_eps, ref_steps = tf_metrics.NumberOfEpisodes(), tf_metrics.EnvironmentSteps()
@@ -151,7 +152,7 @@ def test_metrics_count_every_unroll_after_stop_and_follow_tf_agents():
 
 def test_run_async_feeds_exp_observers_and_returns_steps():
     got = []
-    driver = make(CountingEnvFactory(batch_size=2), num_envs=2, unroll_length=3,
+    driver = make(CountingEnvConstructor(batch_size=2), num_envs=2, unroll_length=3,
                   learn_queue_cap=2, exp_observers=[lambda exp, ids: got.append((exp, ids))])
     driver.start()
     try:
@@ -164,24 +165,24 @@ def test_run_async_feeds_exp_observers_and_returns_steps():
 
 
 def test_environments_are_built_concurrently():
-    def slow_env_f():
+    def slow_env_constructor():
         time.sleep(1.0)
-        return CountingEnvFactory()()
+        return CountingEnvConstructor()()
 
     start = time.perf_counter()
-    driver = make(slow_env_f, num_envs=4)
+    driver = make(slow_env_constructor, num_envs=4)
     elapsed = time.perf_counter() - start
     driver.stop()
     assert elapsed < 2.5, f"4 envs of 1 s each took {elapsed:.1f} s"
 
 
 def test_tf_environment_without_python_fast_path():
-    def env_f():
+    def env_constructor():
         return tf_py_environment.TFPyEnvironment(
             batched_py_environment.BatchedPyEnvironment([CountingEnv()], multithreading=False),
             isolation=True)
 
-    driver = make(env_f, num_envs=2, unroll_length=4, learn_queue_cap=2)
+    driver = make(env_constructor, num_envs=2, unroll_length=4, learn_queue_cap=2)
     driver.start()
     try:
         batches = collect(driver, 4)
@@ -195,7 +196,7 @@ def test_tf_environment_without_python_fast_path():
 # ------------------------------------------------------------- refused input
 
 def test_idle_actor_config_is_refused_before_envs_are_built():
-    factory = CountingEnvFactory()
+    factory = CountingEnvConstructor()
     with pytest.raises(ValueError, match="actor queue 2 would never get a request"):
         make(factory, num_envs=2, num_actor_queues=3)
     assert factory.created == []
@@ -204,13 +205,13 @@ def test_idle_actor_config_is_refused_before_envs_are_built():
 def test_env_specs_that_differ_from_each_other_are_refused_and_envs_closed():
     built = []
 
-    def env_f():
-        env = CountingEnvFactory(batch_size=1 + len(built) % 2)()
+    def env_constructor():
+        env = CountingEnvConstructor(batch_size=1 + len(built) % 2)()
         built.append(env)
         return env
 
     with pytest.raises(ValueError, match="batch size"):
-        make(env_f, num_envs=2)
+        make(env_constructor, num_envs=2)
     assert all(e.counting_envs[0].closed for e in built)
 
 
@@ -219,29 +220,29 @@ def test_env_specs_that_differ_from_the_policys_are_refused():
     time_step_spec, action_spec = specs()
     policy = CountingPolicy(time_step_spec, tensor_spec.BoundedTensorSpec((), tf.int32, 0, 5))
     with pytest.raises(ValueError, match="action_spec does not match the policy's"):
-        AsyncOffPolicyDriver(CountingEnvFactory(), policy)
+        AsyncOffPolicyDriver(CountingEnvConstructor(), policy)
 
 
 def test_non_async_metric_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="AsyncStepMetric"):
-        make(CountingEnvFactory(), metrics=[tf_metrics.AverageReturnMetric()])
+        make(CountingEnvConstructor(), metrics=[tf_metrics.AverageReturnMetric()])
 
 
 def test_env_f_error_is_raised_from_the_constructor_with_its_type():
     calls = []
 
-    def env_f():
+    def env_constructor():
         calls.append(1)
         if len(calls) == 2:
             raise KeyError("no such simulator")
-        return CountingEnvFactory()()
+        return CountingEnvConstructor()()
 
     with pytest.raises(KeyError, match="no such simulator"):
-        make(env_f, num_envs=3)
+        make(env_constructor, num_envs=3)
 
 
 def test_run_is_refused_and_start_only_once():
-    driver = make(CountingEnvFactory())
+    driver = make(CountingEnvConstructor())
     with pytest.raises(RuntimeError, match="run_async"):
         driver.run()
     driver.start()
@@ -263,7 +264,7 @@ def assert_raised_within(driver, error_type, match, seconds=5.0):
 
 
 def test_value_error_in_env_step_arrives_as_value_error():
-    driver = make(CountingEnvFactory(raise_on_step=7, error=ValueError("env step 7 broke")),
+    driver = make(CountingEnvConstructor(raise_on_step=7, error=ValueError("env step 7 broke")),
                   num_envs=2, unroll_length=2)
     driver.start()
     assert_raised_within(driver, ValueError, "env step 7 broke")
@@ -271,7 +272,7 @@ def test_value_error_in_env_step_arrives_as_value_error():
 
 def test_policy_error_arrives_with_its_type():
     time_step_spec, action_spec = specs()
-    driver = AsyncOffPolicyDriver(CountingEnvFactory(),
+    driver = AsyncOffPolicyDriver(CountingEnvConstructor(),
                                   FailingPolicy(time_step_spec, action_spec, fail_at=10),
                                   num_envs=2, unroll_length=2)
     driver.start()
@@ -285,13 +286,13 @@ def test_observer_error_arrives_with_its_type():
     def observer(traj):
         raise ObserverBroke("observer failed")
 
-    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2, observers=[observer])
+    driver = make(CountingEnvConstructor(), num_envs=1, unroll_length=2, observers=[observer])
     driver.start()
     assert_raised_within(driver, ObserverBroke, "observer failed")
 
 
 def test_error_is_raised_by_stop_when_the_learner_never_asked():
-    driver = make(CountingEnvFactory(raise_on_step=1, error=ValueError("first step")),
+    driver = make(CountingEnvConstructor(raise_on_step=1, error=ValueError("first step")),
                   num_envs=1)
     driver.start()
     deadline = time.time() + 5
@@ -305,12 +306,12 @@ def test_error_is_raised_by_stop_when_the_learner_never_asked():
 
 
 def test_a_new_driver_works_after_a_failed_one():
-    failing = make(CountingEnvFactory(raise_on_step=3), num_envs=1, unroll_length=2)
+    failing = make(CountingEnvConstructor(raise_on_step=3), num_envs=1, unroll_length=2)
     failing.start()
     with pytest.raises(ValueError):
         for _ in range(100):
             failing.run_async()
-    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2)
+    driver = make(CountingEnvConstructor(), num_envs=1, unroll_length=2)
     driver.start()
     assert driver.run_async() == 2
     driver.stop()
@@ -320,7 +321,7 @@ def test_a_new_driver_works_after_a_failed_one():
 
 @pytest.mark.parametrize("state", ["never_started", "running", "twice"])
 def test_stop_returns_quickly_and_leaves_no_thread(state):
-    factory = CountingEnvFactory(batch_size=2)
+    factory = CountingEnvConstructor(batch_size=2)
     driver = make(factory, num_envs=2, unroll_length=2)
     if state != "never_started":
         driver.start()
@@ -336,7 +337,7 @@ def test_stop_returns_quickly_and_leaves_no_thread(state):
 
 def test_stop_from_another_thread_wakes_a_blocked_learner():
     # learn_queue_cap 1000 with one env: the learner waits for a very long time.
-    driver = make(CountingEnvFactory(), num_envs=1, unroll_length=2, learn_queue_cap=1000)
+    driver = make(CountingEnvConstructor(), num_envs=1, unroll_length=2, learn_queue_cap=1000)
     driver.start()
     outcome = {}
 
@@ -360,14 +361,14 @@ def test_stop_from_another_thread_wakes_a_blocked_learner():
 
 
 def test_run_async_before_start_is_refused():
-    driver = make(CountingEnvFactory())
+    driver = make(CountingEnvConstructor())
     with pytest.raises(DriverStoppedError, match="start"):
         driver.run_async()
     driver.stop()
 
 
 def test_perf_stats_count_steps_and_batches():
-    driver = make(CountingEnvFactory(batch_size=2), num_envs=2, unroll_length=4,
+    driver = make(CountingEnvConstructor(batch_size=2), num_envs=2, unroll_length=4,
                   learn_queue_cap=2, actor_queue_cap=2)
     driver.start()
     for _ in range(3):

@@ -17,7 +17,6 @@ _EXPORTS = {
     "create_subprocess_envs": "subprocess_env",
     "close_subprocess_envs": "subprocess_env",
     "subprocess_env_constructor": "subprocess_batched",
-    "subprocess_env_f": "subprocess_batched",
     "SubprocessEnvError": "subprocess_env",
     "SubprocessEnvCrashError": "subprocess_env",
     "SubprocessEnvClosedError": "subprocess_env",

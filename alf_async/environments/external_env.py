@@ -131,6 +131,8 @@ from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories.time_step import StepType
 
+from alf_async.environments.capabilities import BlockingStep
+
 logger = logging.getLogger(__name__)
 
 _ACT, _END, _CUT = "act", "end", "cut"
@@ -352,7 +354,7 @@ class _Record(object):
         self.private = private
 
 
-class _SlotEnv(py_environment.PyEnvironment):
+class _SlotEnv(py_environment.PyEnvironment, BlockingStep):
     """One concurrent-episode slot: a batched (B=1) PyEnvironment fed by clients.
 
     Threads: `reset()`/`step()` are called by one driver env thread and block
@@ -360,11 +362,6 @@ class _SlotEnv(py_environment.PyEnvironment):
     they raise). `close()` may be called by any thread.
     """
 
-    # The driver steps it from a Python loop, off TF's inter-op pool (a slot
-    # waiting for its client inside a graph held a pool thread; more waiting
-    # slots than pool threads deadlocked the driver), and closes it at once
-    # on stop. close() is safe from any thread and wakes a blocked step.
-    blocking_step = True
 
     def __init__(self, ext, index):
         super().__init__(handle_auto_reset=False)

@@ -40,7 +40,7 @@ import tensorflow as tf
 from ray import exceptions as ray_exceptions
 from tf_agents.environments import py_environment, tf_py_environment
 
-from alf_async.environments.capabilities import Restartable
+from alf_async.environments.capabilities import BlockingStep, Restartable
 from alf_async.environments.recovery import CrashRecovery
 
 _ACTOR_LOST = (ray_exceptions.RayActorError, ray_exceptions.GetTimeoutError)
@@ -108,7 +108,7 @@ class _EnvActor(object):
 _RemoteEnvActor = ray.remote(_EnvActor)
 
 
-class RayBatchedEnv(py_environment.PyEnvironment, Restartable):
+class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
     """A batched PyEnvironment over environments living in Ray actors.
 
     Args:
@@ -130,9 +130,6 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable):
             to spread them over nodes, e.g. {"num_cpus": 1}).
     """
 
-    # Steps wait on remote actors: the driver steps it off TF's inter-op pool
-    # and closes it at once on stop (close() is safe from any thread).
-    blocking_step = True
 
     def __init__(self, env_constructor, envs_per_actor=1, actors_per_env=1, address=None,
                  num_cpus=None, step_timeout=60.0, max_restarts=10,

@@ -21,12 +21,12 @@ import cloudpickle
 from tf_agents.environments import py_environment, tf_py_environment
 from tf_agents.utils import nest_utils
 
-from alf_async.environments.capabilities import Restartable
+from alf_async.environments.capabilities import BlockingStep, Restartable
 from alf_async.environments.subprocess_env import (SubprocessEnv, close_subprocess_envs,
                                                    create_subprocess_envs)
 
 
-class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable):
+class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
     """A batched PyEnvironment over SubprocessEnvs, stepped concurrently.
 
     ``step(actions)`` sends each environment its action, then receives every
@@ -36,9 +36,6 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable):
     closes them all, together. Same threading rules as SubprocessEnv.
     """
 
-    # Steps wait on child processes: the driver steps it off TF's inter-op
-    # pool and closes it at once on stop (close() is safe from any thread).
-    blocking_step = True
 
     def __init__(self, envs: Sequence[SubprocessEnv]):
         super().__init__(handle_auto_reset=False)
@@ -185,6 +182,3 @@ def subprocess_env_constructor(env_constructor: Callable[[], Any], num_envs: int
     cloudpickle.dumps(env_constructor)  # fail now, not in the driver's env thread
     return _SubprocessEnvConstructor(env_constructor, num_envs, first_env_index, kwargs)
 
-
-# The name before issue 16 (one name per concept: env constructors).
-subprocess_env_f = subprocess_env_constructor

@@ -80,7 +80,7 @@ import cloudpickle
 from tf_agents.environments import py_environment
 
 from alf_async.environments import subprocess_protocol as protocol
-from alf_async.environments.capabilities import Restartable
+from alf_async.environments.capabilities import BlockingStep, Restartable
 from alf_async.environments.env_index import current_env_index
 from alf_async.environments.recovery import CrashRecovery
 
@@ -94,12 +94,11 @@ __all__ = [
     "create_subprocess_envs",
     "current_env_index",
     "subprocess_env_constructor",
-    "subprocess_env_f",
 ]
 
 # Names defined in subprocess_batched.py (which imports this module), served
 # from here too so that `subprocess_env.BatchedSubprocessEnv` keeps working.
-_BATCHED_NAMES = ("BatchedSubprocessEnv", "subprocess_env_constructor", "subprocess_env_f")
+_BATCHED_NAMES = ("BatchedSubprocessEnv", "subprocess_env_constructor")
 
 
 def __getattr__(name):
@@ -128,7 +127,7 @@ class _InFlight(collections.namedtuple("_InFlight", "command seq deadline failur
     """One request sent to the child (or one answered without it, pending=True)."""
 
 
-class SubprocessEnv(py_environment.PyEnvironment, Restartable):
+class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
     """A tf-agents PyEnvironment running ``env_constructor()`` in a child process.
 
     Crash handling (`recovery.CrashRecovery`): when the child dies (crash,
@@ -156,9 +155,6 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable):
     ``start()`` + ``initialize()``, or ``create_subprocess_envs``).
     """
 
-    # Steps wait on a child process: the driver steps it off TF's inter-op
-    # pool and closes it at once on stop (close() is safe from any thread).
-    blocking_step = True
 
     def __init__(self,
                  env_constructor: Callable[[], Any],

@@ -191,10 +191,6 @@ class CountingEnvConstructor(object):
         return tf_env
 
 
-# The name tests/test_driver.py still imports (issue 16 renamed the concept).
-CountingEnvFactory = CountingEnvConstructor
-
-
 class CountingGymEnv(gym.Env):
     """The gym twin of CountingEnv: the same observation (float32), actions
     {0, 1}, done (a termination) after `episode_length` steps."""
