@@ -161,6 +161,11 @@ class EnvThread(threading.Thread):
 
     # ------------------------------------------- Python, row by row (blocking)
 
+    def _queue_handles(self):
+        """The raw handles of the request, reply, learn and log queues (Python loops)."""
+        return (self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref,
+                self._queues.learn_queue.queue.queue_ref, self._queues.log_queue.queue.queue_ref)
+
     def _rows_loop(self, envs):
         """Steps each row on its own worker thread and asks for actions for
         whichever rows are ready (EnvPool's asynchronous mode, see env_rows.py).
@@ -183,9 +188,7 @@ class EnvThread(threading.Thread):
         TF's inter-op threads while it waited, so this stays in Python.)
         """
         B, T = self._B, self._T
-        request, reply = self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref
-        learn, log = (self._queues.learn_queue.queue.queue_ref,
-                      self._queues.log_queue.queue.queue_ref)
+        request, reply, learn, log = self._queue_handles()
         step_spec = self._queues.policy_step_spec
         step_dtypes = [s.dtype for s in tf.nest.flatten(step_spec)]
         num_action = len(tf.nest.flatten(step_spec.action))
@@ -243,9 +246,7 @@ class EnvThread(threading.Thread):
         request and per reply of B rows): `NestFIFOQueue.enqueue`'s Python
         wrapper (nest checks, conversions) cost ~4x the op itself.
         """
-        request, reply = self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref
-        learn, log = (self._queues.learn_queue.queue.queue_ref,
-                      self._queues.log_queue.queue.queue_ref)
+        request, reply, learn, log = self._queue_handles()
         pyenv = self._env.pyenv
         step_spec = self._queues.policy_step_spec
         step_dtypes = [s.dtype for s in tf.nest.flatten(step_spec)]

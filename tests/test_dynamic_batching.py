@@ -61,15 +61,20 @@ def rows_by_env(batches):
     return rows
 
 
+def assert_row_continuous_and_routed(env_id, unrolls):
+    """One row's unrolls: one environment, no step lost or repeated, its own actions."""
+    obs = np.concatenate([u.observation for u in unrolls])
+    assert set(obs[:, OBS_ENV]) == {env_id}  # one environment per row id
+    np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
+    actions = np.concatenate([u.action for u in unrolls])
+    np.testing.assert_array_equal(actions, expected_counting_action(obs))
+
+
 def assert_continuous_and_routed(batches, num_rows):
     rows = rows_by_env(batches)
     assert sorted(rows) == list(range(num_rows))
     for env_id, unrolls in rows.items():
-        obs = np.concatenate([u.observation for u in unrolls])
-        assert set(obs[:, OBS_ENV]) == {env_id}  # one environment per row id
-        np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
-        actions = np.concatenate([u.action for u in unrolls])
-        np.testing.assert_array_equal(actions, expected_counting_action(obs))
+        assert_row_continuous_and_routed(env_id, unrolls)
 
 
 def random_latency(env_index, rng):
@@ -157,10 +162,7 @@ def test_a_straggler_row_never_holds_up_the_others():
     assert sum(steps.values()) == 60 * B * T
     assert all(steps[r] >= 10 * max(steps.get(0, 0), T) for r in (1, 2, 3)), steps
     for r in (1, 2, 3):
-        obs = np.concatenate([u.observation for u in rows[r]])
-        np.testing.assert_array_equal(obs[:, OBS_COUNTER], np.arange(len(obs)))
-        np.testing.assert_array_equal(np.concatenate([u.action for u in rows[r]]),
-                                      expected_counting_action(obs))
+        assert_row_continuous_and_routed(r, rows[r])
 
 
 def test_stop_while_the_actor_waits_for_a_batch():
