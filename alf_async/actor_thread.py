@@ -1,17 +1,24 @@
 """ActorThread: one batched forward pass of the policy for the waiting rows.
 
 Dynamic batching (IMPALA's and SEED RL's inference batching): each iteration
-blocks until at least one request row is waiting on its actor queue, then
-takes every row that is waiting, up to `max_batch` (actor_queue_cap * B),
-runs `policy.action` once over them, and sends each row's policy step to
-the action-return queue of the env thread it came from. No environment
-waits for a straggler: a batch is whatever is ready, from 1 row to the cap.
+blocks until at least one request is waiting on its actor queue, then takes
+every request that is waiting, up to `max_requests` (actor_queue_cap), runs
+`policy.action` once over their rows, and sends each request's policy steps
+back to the action-return queue of the env thread it came from. No
+environment waits for a straggler: a batch is whatever is ready.
 
-There is no timed wait for more rows: a TF queue has no timed dequeue (the
-`timeout_ms` attribute is "not supported yet"), and sleeping inside the
+A request is the B rows of one env thread (see queues.py: one queue element
+per request is ~7x cheaper than one per row). Env threads that step their
+rows one by one (EnvThread._rows_loop) ask only for the rows that are ready
+and mark the others with env_id -1; an actor serving such a thread
+(`partial_requests`) acts only for the marked-ready rows, so the batch is
+exactly the rows that asked, from 1 to the cap's rows.
+
+There is no timed wait for more requests: a TF queue has no timed dequeue
+(the `timeout_ms` attribute is "not supported yet"), and sleeping inside the
 graph (a tf.data sleep) cost ~150 us of CPU per poll on the project's
-2-core machine, more than the forward pass it would save. Rows accumulate
-by themselves while the actor runs a forward pass.
+2-core machine, more than the forward pass it would save. Requests
+accumulate by themselves while the actor runs a forward pass.
 
 Rows keep their env id (the global row id, env thread index * B + b), so
 the policy state comes in with the row and goes back with it: an RNN's state
@@ -24,9 +31,10 @@ concurrently, and a policy that does not fit the specs fails at
 construction.
 
 Threads: `run()` is this thread; it blocks inside the graph call on the
-actor queue (dequeue) and the return queues (enqueue; each holds B rows and
-an env thread has at most B requests out, so that never waits). Closing the
-queues ends the call. The perf counters may be read by any thread.
+actor queue (dequeue) and the return queues (enqueue; an env thread has at
+most one request out and its return queue holds one reply, so that never
+waits). Closing the queues ends the call. The perf counters may be read by
+any thread.
 """
 
 import threading
@@ -40,7 +48,7 @@ class ActorThread(threading.Thread):
     """Serves one actor queue with dynamically batched `policy.action` calls."""
 
     def __init__(self, name, coord, policy, actor_queue, return_queues, env_threads,
-                 env_batch_size, max_batch):
+                 env_batch_size, max_requests, partial_requests=False):
         """
         Args:
             name: thread name.
@@ -51,7 +59,10 @@ class ActorThread(threading.Thread):
                 indexed by env thread index.
             env_threads: indices of the env threads that use `actor_queue`.
             env_batch_size: B.
-            max_batch: the most rows one forward pass takes.
+            max_requests: the most requests (of B rows) one forward pass takes.
+            partial_requests: whether requests may mark rows as not asking
+                (env_id -1); if not, every row of a request is acted for
+                with no masking ops.
         """
         super().__init__(name=name, daemon=True)
         self._coord = coord
@@ -65,7 +76,8 @@ class ActorThread(threading.Thread):
             local_index[i] = j
         self._local_index = tf.constant(local_index, tf.int32)
         self._B = env_batch_size
-        self._max_batch = max_batch
+        self._max_requests = max_requests
+        self._partial = partial_requests
         self._batches = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_batches")
         self._rows = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_rows")
         self._inference = tf.Variable(0.0, dtype=tf.float64, trainable=False,
@@ -96,40 +108,61 @@ class ActorThread(threading.Thread):
                     raise
 
     def _take_waiting(self):
-        """Blocks for one request row, then takes the rows waiting, up to max_batch."""
+        """Blocks for one request, then takes the requests waiting, up to
+        max_requests; returns their flat fields, each [n, B, ...]."""
         handle = self._actor_queue.queue.queue_ref
-        specs = tf.nest.flatten(self._actor_queue.element_spec)
-        dtypes = [s.dtype for s in specs]
+        dtypes = [s.dtype for s in tf.nest.flatten(self._actor_queue.element_spec)]
         first = tf.raw_ops.QueueDequeueV2(handle=handle, component_types=dtypes)
+        if self._max_requests == 1:
+            return [f[None] for f in first]
         with tf.control_dependencies(first):
-            more = tf.minimum(tf.raw_ops.QueueSizeV2(handle=handle), self._max_batch - 1)
+            more = tf.minimum(tf.raw_ops.QueueSizeV2(handle=handle), self._max_requests - 1)
         rest = tf.raw_ops.QueueDequeueManyV2(handle=handle, n=more, component_types=dtypes)
-        flat = [tf.ensure_shape(tf.concat([f[None], r], axis=0), [None] + s.shape.as_list())
-                for f, r, s in zip(first, rest, specs)]
-        return tf.nest.pack_sequence_as(self._actor_queue.element_spec, flat)
+        return [tf.concat([f[None], r], axis=0) for f, r in zip(first, rest)]
 
     def _serve_one(self):
-        time_step, state, env_ids = self._take_waiting()
+        requests = self._take_waiting()  # each [n, B, ...]
+        flat_rows = [tf.reshape(t, [-1] + s.shape.as_list()[1:]) for t, s in
+                     zip(requests, tf.nest.flatten(self._actor_queue.element_spec))]
+        env_ids = flat_rows[-1]  # [n * B]
+        if self._partial:
+            asking = tf.where(env_ids >= 0)  # [rows, 1]
+            flat_rows = [tf.gather_nd(t, asking) for t in flat_rows]
+        time_step, state, env_ids = tf.nest.pack_sequence_as(
+            self._actor_queue.element_spec, flat_rows)
         with tf.control_dependencies(tf.nest.flatten(time_step)):
             start = tf.timestamp()
         with tf.control_dependencies([start]):
             step = self._policy.action(time_step, state)
-        step_spec = self._return_queues[0].element_spec
+        step_spec = self._return_queues[0].element_spec  # [B, ...]
         tf.nest.assert_same_structure(step_spec, step)
         flat_step = [tf.cast(t, s.dtype)
                      for t, s in zip(tf.nest.flatten(step), tf.nest.flatten(step_spec))]
+        if self._partial:  # back to [n * B] rows; rows that did not ask get zeros
+            num_rows = tf.shape(requests[-1], out_type=tf.int64)[0] * self._B
+            flat_step = [tf.scatter_nd(asking, t, tf.concat([[num_rows], tf.shape(
+                t, out_type=tf.int64)[1:]], axis=0)) for t in flat_step]
+        flat_step = [tf.reshape(t, [-1] + s.shape.as_list())
+                     for t, s in zip(flat_step, tf.nest.flatten(step_spec))]  # [n, B, ...]
         with tf.control_dependencies(flat_step):
             timed = self._inference.assign_add(tf.timestamp() - start)
-        # Rows go back to their env threads' queues: partition them by this
-        # actor's local index of the env thread (one op per field, then one
-        # enqueue per env thread, empty ones included: those are no-ops).
-        local = tf.gather(self._local_index, env_ids // self._B)
-        parts = [tf.dynamic_partition(t, local, len(self._env_threads)) for t in flat_step]
         sent = []
         with tf.control_dependencies([timed]):
-            for j, q in enumerate(self._return_queues):
+            if len(self._return_queues) == 1:
                 sent.append(tf.raw_ops.QueueEnqueueManyV2(
-                    handle=q.queue.queue_ref, components=[p[j] for p in parts]))
+                    handle=self._return_queues[0].queue.queue_ref, components=flat_step))
+            else:
+                # Each reply goes back to its env thread's queue: partition the
+                # requests by this actor's local index of the env thread (one op
+                # per field, then one enqueue per env thread, empty ones
+                # included: those are no-ops).
+                owner = tf.reduce_max(requests[-1], axis=1) // self._B
+                local = tf.gather(self._local_index, owner)
+                parts = [tf.dynamic_partition(t, local, len(self._env_threads))
+                         for t in flat_step]
+                for j, q in enumerate(self._return_queues):
+                    sent.append(tf.raw_ops.QueueEnqueueManyV2(
+                        handle=q.queue.queue_ref, components=[p[j] for p in parts]))
         with tf.control_dependencies(sent):
             counted = self._rows.assign_add(tf.cast(tf.shape(env_ids)[0], tf.int64))
         with tf.control_dependencies([counted]):

@@ -36,6 +36,7 @@ import tensorflow as tf
 from alf_async import eager_tensor_fix
 from alf_async import metrics as metrics_lib
 from alf_async.actor_thread import ActorThread
+from alf_async.env_rows import row_envs
 from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks, uses_python_env
 from alf_async.log_thread import LogThread
 from alf_async.queues import TFQueues, check_queue_config
@@ -125,10 +126,14 @@ class AsyncOffPolicyDriver(object):
             policy_step_spec=self._policy.policy_step_spec,
             trajectory_spec=self._policy.trajectory_spec)
         q = self._queues
+        # Env threads stepping rows one by one ask for some rows per request.
+        by_rows = [row_envs(e) is not None for e in self._envs]
         self._actor_threads = [
             ActorThread(f"actor{k}", self._coord, self._policy, q.actor_queues[k],
                         q.action_return_queues, range(k, num_envs, num_actor_queues), B,
-                        q.max_actor_batch) for k in range(num_actor_queues)
+                        q.actor_queue_cap,
+                        partial_requests=any(by_rows[k::num_actor_queues]))
+            for k in range(num_actor_queues)
         ]
         initial_state = tf.nest.map_structure(
             lambda t: t.numpy(), self._policy.get_initial_state(B))

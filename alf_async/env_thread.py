@@ -1,8 +1,8 @@
 """EnvThread: steps one TFEnvironment, asks an actor for actions, ships unrolls.
 
-Each step the thread puts (time_step, policy_state, env_id) into its actor
-queue, waits on its own action-return queue, and steps the environment.
-After `unroll_length` steps it puts the unroll — a batch-major Trajectory
+Each step the thread puts one request of its B rows (time_step,
+policy_state, env_id) into its actor queue, waits on its own action-return
+queue, and steps the environment. After `unroll_length` steps it puts the unroll — a batch-major Trajectory
 [B, T] and the global env id of each row — into the log queue, then the
 learn queue (in that order, so the metrics never count fewer unrolls than
 the learner was given).
@@ -56,7 +56,6 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async.env_rows import RowFailed, RowWorkers, row_envs
 from alf_async.environments import capabilities
-from alf_async.queues import batched_spec
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
 
@@ -114,10 +113,8 @@ class EnvThread(threading.Thread):
         self._T = unroll_length
         self._B = queues.env_batch_size
         self._step_token = step_token
-        time_step_spec, state_spec, _ = actor_queue.element_spec
-        self._batched_time_step_spec = batched_spec(time_step_spec, self._B)
-        self._batched_state_spec = batched_spec(state_spec, self._B)
-        self._batched_policy_step_spec = batched_spec(queues.policy_step_spec, self._B)
+        self._batched_time_step_spec, self._batched_state_spec, _ = actor_queue.element_spec
+        self._batched_policy_step_spec = return_queue.element_spec
         self._python_env = uses_python_env(env)
         self._env_error = None
         # Counters of the Python loops (the graph loop uses the variables).
@@ -195,7 +192,7 @@ class EnvThread(threading.Thread):
         num_state = len(tf.nest.flatten(step_spec.state))
         action_spec = self._env.pyenv.action_spec()
         env_ids = np.arange(self._index * B, (self._index + 1) * B, dtype=np.int32)
-        recorder = _RowRecorder(self._actor_queue.element_spec[0], step_spec,
+        recorder = _RowRecorder(self._queues.time_step_spec, step_spec,
                                 self._queues.unroll_spec[0], B, T)
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
         workers = RowWorkers(self.name, envs, recorder.record)
@@ -218,15 +215,15 @@ class EnvThread(threading.Thread):
                     tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
                     tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
                     self._py_steps += T * len(unroll[-1])
-                tf.raw_ops.QueueEnqueueManyV2(
-                    handle=request,
-                    components=[f[rows] for f in recorder.current] + [s[rows] for s in state] +
-                    [env_ids[rows]])
+                # One request of all B rows; the rows not asking carry env id -1.
+                asking = np.full(B, -1, np.int32)
+                asking[rows] = env_ids[rows]
+                tf.raw_ops.QueueEnqueueV2(handle=request,
+                                          components=recorder.current + state + [asking])
                 start = time.perf_counter()
-                flat_step = tf.raw_ops.QueueDequeueManyV2(handle=reply, n=len(rows),
-                                                          component_types=step_dtypes)
+                flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
                 self._py_wait += time.perf_counter() - start
-                flat_step = [t.numpy() for t in flat_step]
+                flat_step = [t.numpy()[rows] for t in flat_step]
                 recorder.acting_with(rows, flat_step)
                 for field, value in zip(state, flat_step[num_action:num_action + num_state]):
                     field[rows] = value
@@ -256,11 +253,10 @@ class EnvThread(threading.Thread):
             transitions = []
             waited = 0.0
             for _ in range(self._T):
-                tf.raw_ops.QueueEnqueueManyV2(
+                tf.raw_ops.QueueEnqueueV2(
                     handle=request, components=tf.nest.flatten(time_step) + flat_state + [env_ids])
                 start = time.perf_counter()
-                flat_step = tf.raw_ops.QueueDequeueManyV2(handle=reply, n=self._B,
-                                                          component_types=step_dtypes)
+                flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
                 waited += time.perf_counter() - start
                 policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
                 next_time_step = pyenv.step(policy_step.action)
@@ -314,15 +310,13 @@ class EnvThread(threading.Thread):
         # Explicit control dependencies: automatic ones order ops per resource
         # only, and these touch different queues.
         flat_request = tf.nest.flatten((time_step, policy_state, env_ids))
-        request = self._actor_queue.queue.enqueue_many(flat_request)
+        request = self._actor_queue.queue.enqueue(flat_request)
         with tf.control_dependencies([request]):
             start = tf.timestamp()
         with tf.control_dependencies([start]):
-            flat_step = self._return_queue.queue.dequeue_many(self._B)
+            flat_step = self._return_queue.queue.dequeue()
         if not isinstance(flat_step, list):
-            flat_step = [flat_step]
-        flat_step = [tf.ensure_shape(t, s.shape) for t, s in
-                     zip(flat_step, tf.nest.flatten(self._batched_policy_step_spec))]
+            flat_step = [flat_step]  # static shapes: the queue's element shapes
         with tf.control_dependencies(flat_step):
             self._wait.assign_add(tf.timestamp() - start)
         return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step)

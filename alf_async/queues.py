@@ -106,14 +106,17 @@ def batched_spec(spec, batch_size):
 
 
 class TFQueues(object):
-    """Every queue of one driver. Each element is one environment row.
+    """Every queue of one driver.
 
-    - `actor_queues[k]`: requests to act, one row each: (time_step,
-      policy_state, env_id), env_id the row's global id. Capacity: every row
-      of the env threads that use it, so an env thread never blocks on it.
-    - `action_return_queues[i]`: env thread i's policy steps, one row each,
-      in the order its requests were sent (one actor serves each actor
-      queue, first in first out). Capacity B.
+    - `actor_queues[k]`: requests to act, one per env thread per step, each
+      the B rows of its env thread: (time_step [B, ...], policy_state
+      [B, ...], env_id [B]), env_id the row's global id, or -1 for a row
+      that is not asking this time (an env thread stepping its rows one by
+      one asks for the rows that are ready). Capacity: the env threads that
+      use it (each has at most one request out), so an env thread never
+      blocks on it.
+    - `action_return_queues[i]`: env thread i's policy steps, one [B, ...]
+      reply per request (rows that did not ask hold zeros). Capacity 1.
     - `learn_queue` (capacity `learn_queue_cap * B` rows): (trajectory [T,
       ...], env_id), one environment's unroll each; `dequeue_all()` gives
       the learner's batch [learn_queue_cap * B, T] with no reshape.
@@ -121,9 +124,13 @@ class TFQueues(object):
     - `step_token` (capacity 1): the token graph-mode env threads hold while
       they step a Python environment.
 
-    Rows, not whole [B, ...] requests, are the unit so that an actor can
-    batch whatever rows are waiting (dynamic batching) and an env thread can
-    ask for the rows of its environment that are ready.
+    A request of B rows is one queue element, not B: a round trip of one
+    element through a graph actor took ~40 us of wall time and 0.1 context
+    switches, against ~300 us and 3 context switches for 64 one-row elements
+    (a graph loop echoing 6 fields of 64 rows through a graph actor; the
+    driver's CPU and cs per step are in benchmarks/throughput.py). An
+    actor still batches whatever is waiting: every request in its queue, up
+    to `actor_queue_cap` of them (dynamic batching, see actor_thread.py).
     """
 
     def __init__(self, num_envs, env_batch_size, learn_queue_cap, actor_queue_cap,
@@ -134,8 +141,8 @@ class TFQueues(object):
             num_envs: number of env threads.
             env_batch_size: B, the batch size of every environment.
             learn_queue_cap: unrolls of B rows per learner batch.
-            actor_queue_cap: at most this many env threads' rows
-                (actor_queue_cap * B) per batched forward pass.
+            actor_queue_cap: at most this many requests (env threads'
+                B rows) per batched forward pass.
             num_actor_queues: number of actor threads (one queue each); env
                 thread i uses actor queue i % num_actor_queues.
             unroll_length: T, steps per unroll.
@@ -153,24 +160,26 @@ class TFQueues(object):
         self.num_envs = num_envs
         self.env_batch_size = B
         self.unroll_length = unroll_length
-        self.max_actor_batch = actor_queue_cap * B
+        self.actor_queue_cap = actor_queue_cap
+        self.max_actor_batch = actor_queue_cap * B  # rows
         # Tuples, not dicts: their flat order is the order written here, which
         # the threads rely on to enqueue flat lists without re-flattening.
-        self.actor_request_spec = (
+        self.time_step_spec = time_step_spec
+        self.actor_request_spec = batched_spec((
             time_step_spec,                       # time_step
             policy_state_spec,                    # policy_state
-            tf.TensorSpec([], tf.int32))          # env_id (global row id)
+            tf.TensorSpec([], tf.int32)), B)      # env_id (global row id, -1: not asking)
         self.policy_step_spec = policy_step_spec
         self.unroll_spec = (
             batched_spec(trajectory_spec, unroll_length),  # trajectory [T, ...]
             tf.TensorSpec([], tf.int32))                   # env_id
         self.actor_queues = [
-            NestFIFOQueue(len(range(k, num_envs, num_actor_queues)) * B,
+            NestFIFOQueue(len(range(k, num_envs, num_actor_queues)),
                           self.actor_request_spec, f"actor_queue_{k}")
             for k in range(num_actor_queues)
         ]
         self.action_return_queues = [
-            NestFIFOQueue(B, self.policy_step_spec, f"action_return_queue_{i}")
+            NestFIFOQueue(1, batched_spec(policy_step_spec, B), f"action_return_queue_{i}")
             for i in range(num_envs)
         ]
         self.learn_queue = NestFIFOQueue(learn_queue_cap * B, self.unroll_spec, "learn_queue")
