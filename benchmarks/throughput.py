@@ -11,7 +11,10 @@ Same process, alternating rounds, the same DQN collect policy (QNetwork
     alf_async  2 env threads x BatchedPyEnvironment(32 suite_gym), 1 actor
 
 The driver's learner only dequeues (run_async, no training); the
-DynamicStepDriver collects with no observers. Each row prints steps/s, CPU
+DynamicStepDriver collects with no observers. The "environment alone" rows
+step the same batched environment in a plain Python loop with random
+actions and no TF: a Python environment's step holds the GIL, so no
+collector in one process can step it faster (the ceiling). Each row prints steps/s, CPU
 us and context switches per env step (whole process) and its median
 per-round ratio to its baseline. Absolute rates drift on a shared machine;
 the ratios within one run are the figure.
@@ -28,7 +31,7 @@ from tf_agents.environments import batched_py_environment, suite_gym, tf_py_envi
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.gym_batch import BatchedGymEnv
 from alf_async.testing.policies import dqn_collect_policy
-from usage import measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
+from usage import measure_driver, measure_dynamic_step_driver, measure_env_only  # benchmarks/ is this script's directory
 
 ENV = "CartPole-v0"
 NUM_ENVS = 64
@@ -72,17 +75,23 @@ def main():
     rows = {base_a: []}
     for t, b in layouts:
         rows[f"alf_async {t}x{b} BatchedGymEnv"] = []
+    ceiling_a = "environment alone (no TF), BatchedGymEnv(64)"
+    rows[ceiling_a] = []
     rows[base_b] = []
     rows["alf_async 2x32 BatchedPyEnvironment"] = []
+    ceiling_b = "environment alone (no TF), BatchedPyEnvironment(64)"
+    rows[ceiling_b] = []
     baseline_of = {name: (base_b if "BatchedPyEnvironment" in name else base_a) for name in rows}
     for r in range(args.rounds):
         rows[base_a].append(dynamic_step_round(policy, gym_batch_envs(NUM_ENVS), args.seconds))
         for layout in layouts:
             rows[f"alf_async {layout[0]}x{layout[1]} BatchedGymEnv"].append(
                 async_round(policy, gym_batch_envs, layout, args.seconds))
+        rows[ceiling_a].append(measure_env_only(gym_batch_envs(NUM_ENVS).pyenv, args.seconds))
         rows[base_b].append(dynamic_step_round(policy, tf_agents_envs(NUM_ENVS), args.seconds))
         rows["alf_async 2x32 BatchedPyEnvironment"].append(
             async_round(policy, tf_agents_envs, (2, 32), args.seconds))
+        rows[ceiling_b].append(measure_env_only(tf_agents_envs(NUM_ENVS).pyenv, args.seconds))
         print(f"round {r + 1}: " + ", ".join(f"{v[-1]['rate']:.0f}" for v in rows.values()),
               flush=True)
     print(f"\n{'collector':52s} {'steps/s':>8s} {'vs base':>8s} {'CPU us/step':>11s} "

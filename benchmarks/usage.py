@@ -67,3 +67,23 @@ def measure_dynamic_step_driver(tf_env, policy, steps_per_run, seconds):
         time_step, policy_state = run(time_step, policy_state)
         steps += steps_per_run
     return usage.per_step(steps)
+
+
+def measure_env_only(py_env, seconds, seed=0):
+    """Steps the batched PyEnvironment `py_env` in a plain Python loop with
+    uniformly random actions (drawn beforehand) and no TF: the rate of the
+    environment alone, a ceiling for any collector whose env steps hold the GIL.
+    """
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    spec = py_env.action_spec()
+    rng = np.random.default_rng(seed)
+    actions = [rng.integers(spec.minimum, spec.maximum + 1, size=py_env.batch_size,
+                            dtype=spec.dtype) for _ in range(256)]
+    py_env.reset()
+    steps, usage, i = 0, Usage(), 0
+    while usage.elapsed() < seconds:
+        for _ in range(16):
+            py_env.step(actions[i % 256])
+            i += 1
+        steps += 16 * py_env.batch_size
+    return usage.per_step(steps)
