@@ -5,8 +5,8 @@
    written as JSON lines (alf_async.environments.offline.EpisodeLogWriter).
    Episodes stopped by the 200-step time limit are written without `done`:
    their unknown last transition is never trained on.
-2. An OfflineEnv replays the logs (in epochs, forever) into the driver; its
-   ExperienceFilter gives the learner the *logged* actions; a DQN agent
+2. An OfflineEnv replays the logs (in epochs, forever) into the driver, whose
+   trajectories hold the *logged* actions; a DQN agent
    trains from a uniform replay buffer. The simulator is not in the loop.
 3. The learner's TD loss is printed as it falls (alf_async's Learner: one
    loss per iteration of 4 train steps), and the greedy policy is played on
@@ -101,14 +101,12 @@ class Progress(Hook):
         self._offline = offline
         self._loss_log = loss_log
         self._start = time.monotonic()
-        self.experience_filter = None  # set once built
 
     def after_iteration(self, learner, train_step_before, train_step):
         if crossed(train_step_before, train_step, WINDOW):
             recent = self._loss_log.losses[-WINDOW // 4:]
             print(f"train steps {train_step:5d}  mean loss {np.mean(recent):.4f}  "
-                  f"(logged steps fed {self._offline.steps_fed}, logged actions used "
-                  f"{self.experience_filter.actions_replaced}, "
+                  f"(logged steps fed {self._offline.steps_fed}, "
                   f"{time.monotonic() - self._start:.0f} s)", flush=True)
 
 
@@ -139,7 +137,7 @@ def main():
                          num_workers=args.slots)
     loss_log = LossLog()
     progress = Progress(offline, loss_log)
-    learner, progress.experience_filter = build_learner(
+    learner = build_learner(
         offline, agent, num_slots=args.slots, unroll_length=8, learn_queue_cap=args.slots,
         train_steps_per_iteration=4, hooks=[loss_log, progress])
     print(f"greedy policy before training: mean return {evaluate(agent):.1f}")

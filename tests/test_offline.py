@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from alf_async.environments.external_env import ExternalEnvFinished
+from alf_async.environments import ExternalEnvFinished
 from alf_async.environments.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
                                             read_episodes)
-from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_filtered, make_driver,
+from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_all, make_driver,
                                metric_results, no_external_env_threads_left, policy_action)
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,11 +46,11 @@ def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
     path = str(tmp_path / "log.jsonl")
     write_log(path)
     ext = OfflineEnv([path], ACTION_SPEC, OBS_SPEC, num_epochs=2, num_workers=1)
-    driver, learner_filter, raw, filtered = learn_filtered(ext)
+    driver, batches = learn_all(ext)
     # 2 epochs x 3 episodes of 4 transitions each; the last one's boundary never comes.
-    assert len(filtered) == 5
+    assert len(batches) == 5
     assert (ext.episodes_fed, ext.steps_fed) == (6, 18)
-    for k, exp in enumerate(filtered):
+    for k, exp in enumerate(batches):
         e = (A, B, C)[k % 3]
         if e != C:
             np.testing.assert_array_equal(exp.observation[0], [[e, 0], [e, 1], [e, 2], [e, 9]])
@@ -64,15 +64,15 @@ def test_logged_episodes_reach_the_learner_with_the_logged_actions(tmp_path):
         else:
             # Cut short: its last transition (outcome unknown) and the made-up
             # end (repeating [C, 2]) are inert boundaries; [C, 2] stays, as
-            # the next observation of the transition from [C, 1].
-            np.testing.assert_array_equal(exp.observation[0], [[C, 0], [C, 1], [C, 2], [C, 2]])
+            # the next observation of the transition from [C, 1], the made-up
+            # end's is blanked.
+            np.testing.assert_array_equal(exp.observation[0], [[C, 0], [C, 1], [C, 2], [0, 0]])
             np.testing.assert_array_equal(exp.step_type[0], [0, 1, 2, 2])
             np.testing.assert_array_equal(exp.next_step_type[0], [1, 1, 0, 0])
-            np.testing.assert_array_equal(exp.action[0, :2], [logged_action(C, 0),
-                                                              logged_action(C, 1)])
-        # What the driver recorded itself: the policy's actions.
-        np.testing.assert_array_equal(raw[k].action[0],
-                                      [policy_action(*o) for o in raw[k].observation[0]])
+            np.testing.assert_array_equal(exp.reward[0], [1, 1, 0, 0])
+            np.testing.assert_array_equal(exp.discount[0], [1, 1, 1, 1])
+            np.testing.assert_array_equal(exp.action[0], [logged_action(C, 0),
+                                                          logged_action(C, 1), 0, 0])
     # C ends as a truncation, counted like any episode.
     assert metric_results(driver)["NumberOfEpisodes"] == 5
     assert metric_results(driver)["EnvironmentSteps"] == 15

@@ -17,8 +17,8 @@ learner (`ExternalEnv.abandon_episode`).
 
 `OfflineEnv(paths, action_spec, observation_spec)` reads the files in
 `run()` and feeds each episode with `log_action` / `log_returns` /
-`end_episode`; with its ExperienceFilter the learner trains on the logged
-actions. After `num_epochs` passes over the logs `run()` returns and the
+`end_episode`; the driver records the logged actions (its slots report
+them, see external_env.py), so the learner trains on them. After `num_epochs` passes over the logs `run()` returns and the
 driver ends with `ExternalEnvFinished` once the last episode is in (the
 learner's `run_async()` raises it; `None` epochs: forever). An episode's id is
 its logged id (plus "#<epoch>" after the first pass).
