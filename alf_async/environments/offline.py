@@ -129,7 +129,7 @@ def read_episodes(paths):
 
 def _parse_step(line, where):
     try:
-        step = json.loads(line, parse_constant=_refuse)
+        step = _DECODER.decode(line)
     except ValueError as e:
         raise LogFormatError(f"{where}: not a JSON object: {e}") from None
     if not isinstance(step, dict):
@@ -150,6 +150,10 @@ def _parse_step(line, where):
 
 def _refuse(name):
     raise ValueError(f"{name} is not allowed")
+
+
+# One decoder for every line: json.loads with an argument builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_refuse)
 
 
 class OfflineEnv(ExternalEnv):
