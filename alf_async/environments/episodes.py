@@ -429,6 +429,8 @@ class EpisodeTable(object):
             raise ExternalEnvStoppedError(f"the ExternalEnv is stopped ({self._stop_reason})")
 
     def slot_reset(self, slot):
+        """`slot.reset()` (its env thread): binds the next episode with a step
+        ready and returns its FIRST time step; blocks until there is one."""
         self.start()   # the ExternalEnv's run() thread starts with the driver
         with self._lock:
             slot.used = True
@@ -443,6 +445,9 @@ class EpisodeTable(object):
             return slot.current.time_step
 
     def slot_step(self, slot, action):
+        """`slot.step(action)` (its env thread): answers the step's get_action,
+        records what it applied (`slot.applied`), returns the next time step;
+        blocks until the episode (or, after its LAST, the next one) has one."""
         try:
             return self._slot_step_or_raise(slot, action)
         except _SlotClosed:
@@ -479,6 +484,8 @@ class EpisodeTable(object):
             return nxt.time_step
 
     def slot_close(self, slot):
+        """`slot.close()` (any thread; the driver's stop): closes it, and every
+        used slot and the ExternalEnv with it, waking whatever waits."""
         with self._lock:
             if not slot.closed:
                 slot.closed = True

@@ -113,9 +113,15 @@ from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments.capabilities import AppliedStep, BlockingStep
-from alf_async.environments.episode_api import check_nest  # pylint: disable=unused-import
-from alf_async.environments.episodes import (EpisodeTable, ExternalEnvFinished,  # pylint: disable=unused-import
+from alf_async.environments.episode_api import check_nest
+from alf_async.environments.episodes import (EpisodeTable, ExternalEnvFinished,
                                              ExternalEnvStoppedError, TooManyEpisodesError)
+
+# The names users import from here; the exceptions and check_nest live in
+# episodes.py and episode_api.py.
+__all__ = ["ExternalEnv", "ExternalEnvFinished", "ExternalEnvStoppedError",
+           "TooManyEpisodesError", "check_nest", "open_slots", "spec_from_gym_space",
+           "specs_from_gym", "as_array_spec"]
 
 # ------------------------------------------------------------------ specs
 

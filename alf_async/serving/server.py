@@ -284,8 +284,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """http.server's own refusals, as 4xx with a JSON error body like every
         other: it answers 501 to a method we do not serve and 505 to an HTTP
         version other than 1.x; both are the client's request at fault, so
-        405 and 400. The connection then closes (the request was not read)."""
+        405 and 400. The connection then closes (the request was not read).
+
+        A request line it could not parse leaves the request's version at
+        HTTP/0.9, whose responses have no status line; the error is sent
+        with one (HTTP/1.1) all the same, so that its status is readable.
+        """
         del explain
+        if self.request_version == "HTTP/0.9":
+            self.request_version = self.protocol_version
         if code == 501:
             self._method_not_allowed(f"method {self.command!r} is not allowed: use GET or POST")
             return
