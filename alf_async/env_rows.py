@@ -12,7 +12,9 @@ shared ready queue that the env thread drains.
 `row_envs(tf_env)` says which environments are stepped this way: a
 TFPyEnvironment whose Python environment has `envs` (tf-agents'
 BatchedPyEnvironment, our BatchedSubprocessEnv), every one of them unbatched
-and whose step blocks (`capabilities.steps_block`).
+and whose step blocks (`capabilities.steps_block`), none of them an
+`AppliedStep` (those are stepped as one batch by the env thread's Python
+loop, which reads what each step applied).
 
 Threads: `start()`, `send()`, `recv()` and `close()` are called by the
 owning env thread only. Each worker thread blocks on its inbox
@@ -48,7 +50,8 @@ def row_envs(tf_env):
     if not envs or getattr(tf_env, "_pool", None) is not None:
         return None
     if all(isinstance(e, py_environment.PyEnvironment) and not e.batched and
-           capabilities.steps_block(e) for e in envs):
+           capabilities.steps_block(e) and not isinstance(e, capabilities.AppliedStep)
+           for e in envs):
         return list(envs)
     return None
 

@@ -54,6 +54,7 @@ import tensorflow as tf
 from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
+from alf_async import applied_steps
 from alf_async.env_rows import RowFailed, RowWorkers, row_envs
 from alf_async.environments import capabilities
 
@@ -116,6 +117,13 @@ class EnvThread(threading.Thread):
         self._batched_time_step_spec, self._batched_state_spec, _ = actor_queue.element_spec
         self._batched_policy_step_spec = return_queue.element_spec
         self._python_env = uses_python_env(env)
+        # AppliedStep environments are stepped by the Python loop, which reads
+        # their applied_step() (see applied_steps.py).
+        self._reports_applied = applied_steps.reports(env)
+        if self._reports_applied and not self._python_env:
+            raise ValueError(f"{name}: its environment reports applied steps (AppliedStep) "
+                             f"but is a TFPyEnvironment with isolation=True, whose Python "
+                             f"environment cannot be stepped from this thread")
         self._env_error = None
         # Counters of the Python loops (the graph loop uses the variables).
         self._py_steps = 0
@@ -140,7 +148,7 @@ class EnvThread(threading.Thread):
                 rows = row_envs(self._env)
                 if rows is not None:
                     self._rows_loop(rows)
-                elif blocks(self._env):
+                elif blocks(self._env) or self._reports_applied:
                     self._python_loop(self._env.pyenv.reset())
                 else:
                     time_step = self._env.reset()
@@ -148,6 +156,9 @@ class EnvThread(threading.Thread):
                     loop(tf.nest.flatten(time_step),
                          tf.nest.flatten(self._initial_policy_state))
             except Exception as e:  # pylint: disable=broad-except
+                if isinstance(e, capabilities.EndOfData):
+                    applied_steps.wait_until_learner_took_all(self._queues.learn_queue,
+                                                              self._coord)
                 if self._coord.should_stop():
                     return  # queues (or the env) closed by stop(): not an error
                 if self._env_error is not None and e is not self._env_error:
@@ -249,6 +260,9 @@ class EnvThread(threading.Thread):
         step_dtypes = [s.dtype for s in tf.nest.flatten(step_spec)]
         env_ids = np.arange(self._index * self._B, (self._index + 1) * self._B, dtype=np.int32)
         flat_state = [np.asarray(t) for t in tf.nest.flatten(self._initial_policy_state)]
+        applied = (applied_steps.AppliedSteps(pyenv, self._queues.unroll_spec[0],
+                                              self._env.action_spec(), self._B)
+                   if self._reports_applied else None)
         while True:
             transitions = []
             waited = 0.0
@@ -260,13 +274,16 @@ class EnvThread(threading.Thread):
                 waited += time.perf_counter() - start
                 policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
                 next_time_step = pyenv.step(policy_step.action)
+                if applied is not None:
+                    policy_step = applied.after_step(policy_step)
                 transitions.append(tf.nest.flatten(
                     trajectory_lib.from_transition(time_step, policy_step, next_time_step)))
                 time_step = next_time_step
                 flat_state = tf.nest.flatten(policy_step.state)
             unroll = [np.stack(leaves, axis=1) for leaves in zip(*transitions)] + [env_ids]
             tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
-            tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
+            tf.raw_ops.QueueEnqueueManyV2(
+                handle=learn, components=unroll if applied is None else applied.for_learner(unroll))
             self._py_steps += self._T * self._B
             self._py_wait += waited
 

@@ -15,8 +15,7 @@ driver on every exit path. It is what `train()` runs once gin has built the
 pieces, and what serving jobs, offline jobs, benchmarks and tests run with
 pieces they built themselves (as tf-agents splits `train/learner.py` and
 `triggers.py` from its wiring scripts). The driver is built by the caller,
-with the replayer (or whatever feeds it, e.g. an ExternalEnv's
-ExperienceFilter) among its exp_observers. With `agent=None` the learner
+with the replayer (or whatever feeds it) among its exp_observers. With `agent=None` the learner
 trains nothing: it takes the driver's batches (for its exp_observers) until
 stopped.
 

@@ -152,17 +152,15 @@ class ServedPolicy(object):
         self.server = PolicyServerEnv(action_spec, obs_spec, host="127.0.0.1", **server_kwargs)
         self.policy = _obs_policy(self.server.time_step_spec(), self.server.action_spec())
         self.batches = 0
-        self.filter = self.server.experience_filter(observers=[self._count])
         try:
             self.driver = AsyncOffPolicyDriver(
                 self.server.env_constructor(), self.policy, num_envs=num_envs,
                 unroll_length=unroll_length, actor_queue_cap=1,
-                exp_observers=[self.filter], stop_grace_period_secs=1.0)
+                exp_observers=[self._count], stop_grace_period_secs=1.0)
         except BaseException:
             self.server.close()
             raise
-        self.filter.bind(self.driver)
-        # A learner without an agent: it takes every batch (for the filter).
+        # A learner without an agent: it takes every batch (for the count).
         self.learner = Learner(None, self.driver)
         self.thread = threading.Thread(target=self.learner.run, name="abuse_learner",
                                        daemon=True)

@@ -2,8 +2,8 @@
 
 The server is a PolicyServerEnv: every client episode (examples/cartpole_client.py,
 any number at once) is one of the driver's slots; the learner loop takes the
-driver's batches through the server's ExperienceFilter into a uniform replay
-buffer and trains a DQN agent. Clients in inference_mode="local" pull the
+driver's batches (which hold the clients' logged actions: the server's slots
+report them to the driver) into a uniform replay buffer and trains a DQN agent. Clients in inference_mode="local" pull the
 collect policy from the server and report their own actions.
 
     python examples/serve_cartpole.py --port 8900 --seconds 60 &
@@ -83,24 +83,22 @@ class LossLog(Hook):
 
 def build_learner(ext, agent, num_slots, unroll_length=8, learn_queue_cap=1, batch_size=64,
                   train_steps_per_iteration=1, capacity_per_row=20000, hooks=()):
-    """The learner of an ExternalEnv's episodes: driver batches -> the ext's
-    ExperienceFilter -> a uniform replay buffer -> agent.train.
+    """The learner of an ExternalEnv's episodes: driver batches -> a uniform
+    replay buffer -> agent.train.
 
-    Returns (learner, experience filter). Run `learner.run()` on a thread of
+    Returns the learner. Run `learner.run()` on a thread of
     its own; `learner.stop()` from any thread ends it.
     """
     replayer = UniformReplayer(agent.collect_data_spec, num_rows=num_slots,
                                capacity_per_row=capacity_per_row)
-    experience_filter = ext.experience_filter(observers=[replayer])
     driver = AsyncOffPolicyDriver(
         ext.env_constructor(), agent.collect_policy, num_envs=num_slots,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap, actor_queue_cap=1,
-        exp_observers=[experience_filter])
-    experience_filter.bind(driver)
+        exp_observers=[replayer])
     learner = Learner(agent, driver, replayer,
                       train_steps_per_iteration=train_steps_per_iteration,
                       sample_batch_size=batch_size, hooks=hooks)
-    return learner, experience_filter
+    return learner
 
 
 def metrics(driver):
@@ -128,7 +126,7 @@ def main():
     server = PolicyServerEnv(action_spec, observation_spec, host=args.host, port=args.port,
                              token=args.token, policy=agent.collect_policy,
                              max_concurrent=4 * args.slots, episode_idle_timeout=30.0)
-    learner, _ = build_learner(server, agent, num_slots=args.slots, hooks=[LossLog(5.0)])
+    learner = build_learner(server, agent, num_slots=args.slots, hooks=[LossLog(5.0)])
     print(f"serving CartPole on {server.address} for {args.seconds:.0f} s", flush=True)
 
     done = threading.Event()

@@ -5,12 +5,15 @@
    written as JSON lines (alf_async.environments.offline.EpisodeLogWriter).
    Episodes stopped by the 200-step time limit are written without `done`:
    their unknown last transition is never trained on.
-2. An OfflineEnv replays the logs (in epochs, forever) into the driver; its
-   ExperienceFilter gives the learner the *logged* actions; a DQN agent
-   trains from a uniform replay buffer. The simulator is not in the loop.
-3. The learner's TD loss is printed as it falls (alf_async's Learner: one
-   loss per iteration of 4 train steps), and the greedy policy is played on
-   the real CartPole before and after training.
+2. The logs are loaded straight into a uniform replay buffer
+   (alf_async.environments.offline.load_into_replayer: no driver, no policy
+   inference per logged step; the *logged* actions are what it holds), and a
+   DQN agent trains from it. The simulator is not in the loop. (For logs
+   that arrive while training runs, an OfflineEnv feeds them through the
+   driver instead: see alf_async/environments/offline.py.)
+3. The TD loss is printed as it falls (the mean of every 250 train steps),
+   and the greedy policy is played on the real CartPole before and after
+   training.
 
 The defaults are chosen for learning from a fixed log, where DQN's max over
 actions extrapolates: a mostly random logger (--epsilon 0.8) covers both
@@ -21,9 +24,10 @@ tf-agents DQN on the same transitions did the same, so it is the data and
 the algorithm, not the pipeline).
 
     python examples/train_from_logs.py [--episodes 400] [--train-steps 3000]
+                                       [--log-dir DIR]
 
 (There is no gin file for this example: gin configuration belongs to
-alf_async/trainer.py; this builds the Learner from Python alone.)
+alf_async/trainer.py; this builds everything from Python alone.)
 """
 
 import argparse
@@ -34,9 +38,8 @@ import time
 import gym
 import numpy as np
 
-from alf_async.environments.offline import EpisodeLogWriter, OfflineEnv
-from alf_async.learner import Hook, crossed
-from serve_cartpole import LossLog, build_dqn, build_learner, cartpole_specs
+# TensorFlow and alf_async are imported once the arguments are checked: a
+# wrong argument is answered at once, with one line.
 
 
 def scripted_action(obs, rng, epsilon):
@@ -48,6 +51,7 @@ def scripted_action(obs, rng, epsilon):
 
 def generate_logs(path, num_episodes, epsilon, seed=0):
     """Plays the scripted policy; writes its episodes; returns their returns."""
+    from alf_async.environments.offline import EpisodeLogWriter  # pylint: disable=import-outside-toplevel
     env = gym.make("CartPole-v0")
     rng = np.random.default_rng(seed)
     returns = []
@@ -94,38 +98,54 @@ def evaluate(agent, num_episodes=10, seed=10_000):
 WINDOW = 250  # train steps per printed loss
 
 
-class Progress(Hook):
-    """Prints the mean loss of each WINDOW train steps."""
+def train(agent, replayer, train_steps, batch_size=64):
+    """`train_steps` DQN steps on windows of 2 sampled from `replayer`;
+    returns the loss of every step."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    def __init__(self, offline, loss_log):
-        self._offline = offline
-        self._loss_log = loss_log
-        self._start = time.monotonic()
-        self.experience_filter = None  # set once built
+    @tf.function(autograph=False)
+    def step():
+        return agent.train(replayer.sample(batch_size, num_steps=2)).loss
 
-    def after_iteration(self, learner, train_step_before, train_step):
-        if crossed(train_step_before, train_step, WINDOW):
-            recent = self._loss_log.losses[-WINDOW // 4:]
-            print(f"train steps {train_step:5d}  mean loss {np.mean(recent):.4f}  "
-                  f"(logged steps fed {self._offline.steps_fed}, logged actions used "
-                  f"{self.experience_filter.actions_replaced}, "
-                  f"{time.monotonic() - self._start:.0f} s)", flush=True)
+    losses = []
+    start = time.monotonic()
+    for i in range(1, train_steps + 1):
+        losses.append(float(step()))
+        if i % WINDOW == 0:
+            print(f"train steps {i:5d}  mean loss {np.mean(losses[-WINDOW:]):.4f}  "
+                  f"({time.monotonic() - start:.0f} s)", flush=True)
+    return losses
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=400, help="scripted episodes logged")
     parser.add_argument("--epsilon", type=float, default=0.8,
                         help="random actions of the scripted policy")
     parser.add_argument("--train-steps", type=int, default=3000)
-    parser.add_argument("--slots", type=int, default=4, help="episodes fed at once")
+    parser.add_argument("--rows", type=int, default=4,
+                        help="replay buffer rows the episodes are spread over")
     parser.add_argument("--gamma", type=float, default=0.8)
     parser.add_argument("--target-update-period", type=int, default=20)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--log-dir", default=None, help="default: a temporary directory")
-    args = parser.parse_args()
+    parser.add_argument("--log-dir", default=None,
+                        help="an existing directory for the logs (default: a temporary "
+                             "directory, removed at the end)")
+    args = parser.parse_args(argv)
+    if args.log_dir is not None and not os.path.isdir(args.log_dir):
+        parser.exit(2, f"{parser.prog}: error: --log-dir {args.log_dir!r} is not an existing "
+                       f"directory\n")
+    if args.log_dir is not None:
+        run(args, args.log_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="cartpole_logs_") as log_dir:
+            run(args, log_dir)
 
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="cartpole_logs_")
+
+def run(args, log_dir):
+    from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
+    from alf_async.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
+    from serve_cartpole import build_dqn, cartpole_specs  # pylint: disable=import-outside-toplevel
     path = os.path.join(log_dir, "scripted.jsonl")
     returns = generate_logs(path, args.episodes, args.epsilon)
     print(f"logged {len(returns)} scripted episodes, {sum(returns):.0f} steps, mean return "
@@ -135,19 +155,18 @@ def main():
     agent = build_dqn(action_spec, observation_spec, gamma=args.gamma,
                       learning_rate=args.learning_rate,
                       target_update_period=args.target_update_period)
-    offline = OfflineEnv([path], action_spec, observation_spec, num_epochs=None,
-                         num_workers=args.slots)
-    loss_log = LossLog()
-    progress = Progress(offline, loss_log)
-    learner, progress.experience_filter = build_learner(
-        offline, agent, num_slots=args.slots, unroll_length=8, learn_queue_cap=args.slots,
-        train_steps_per_iteration=4, hooks=[loss_log, progress])
+    capacity = int(sum(returns)) + 2 * args.episodes   # every logged step fits
+    replayer = UniformReplayer(agent.collect_data_spec, num_rows=args.rows,
+                               capacity_per_row=capacity)
+    start = time.monotonic()
+    stats = load_into_replayer([path], replayer, agent.collect_data_spec, num_rows=args.rows)
+    secs = time.monotonic() - start
+    print(f"loaded {stats.episodes} episodes ({stats.logged_steps} logged steps, "
+          f"{stats.transitions} transitions) into the replay buffer in {secs:.2f} s "
+          f"({stats.logged_steps / max(secs, 1e-9):,.0f} steps/s)")
     print(f"greedy policy before training: mean return {evaluate(agent):.1f}")
-    learner.run(num_train_steps=args.train_steps)
-    offline.join(5)
-    # One loss per iteration of 4 train steps: windows of WINDOW train steps.
-    first = np.mean(loss_log.losses[:WINDOW // 4])
-    last = np.mean(loss_log.losses[-WINDOW // 4:])
+    losses = train(agent, replayer, args.train_steps)
+    first, last = np.mean(losses[:WINDOW]), np.mean(losses[-WINDOW:])
     print(f"loss: first {WINDOW} steps {first:.4f} -> last {WINDOW} steps {last:.4f}")
     print(f"greedy policy after training: mean return {evaluate(agent):.1f} "
           f"(the scripted logger: {np.mean(returns):.1f})")

@@ -19,10 +19,9 @@ from tf_agents.trajectories import policy_step
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import external_env
 from alf_async.metrics import by_name
-from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
-                                                 ExternalEnvStoppedError,
-                                                 TooManyEpisodesError,
-                                                 specs_from_gym)
+from alf_async.environments import (ExternalEnv, ExternalEnvFinished, ExternalEnvStoppedError,
+                                   TooManyEpisodesError)
+from alf_async.environments.external_env import specs_from_gym
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,32 +116,24 @@ def numpy(nest):
     return tf.nest.map_structure(lambda t: np.asarray(t), nest)
 
 
-def learn_until_finished(driver, learner_filter, max_batches=50):
-    """(raw batches, filtered batches) until the ExternalEnv runs out of episodes."""
-    raw, filtered = [], []
-    with pytest.raises(ExternalEnvFinished):
-        for _ in range(max_batches):
-            exp, env_ids, _ = driver.get_training_exps()
-            raw.append(numpy(exp))
-            filtered.append(numpy(learner_filter.apply(exp, env_ids)))
-    return raw, filtered
+def learn_all(ext, max_batches=50, **driver_kwargs):
+    """Runs a driver over `ext` and takes its learner batches
+    (`get_training_exps()`, nothing else wired) until ext's data ends.
 
-
-def learn_filtered(ext, max_batches=50, **driver_kwargs):
-    """Runs a driver over `ext` with its bound filter until ext's data ends.
-
-    Returns (driver, learner_filter, raw batches, filtered batches).
+    Returns (driver, learner batches).
     """
-    learner_filter = ext.experience_filter()
     driver = make_driver(ext, **driver_kwargs)
-    learner_filter.bind(driver)
     driver.start()
+    batches = []
     try:
-        raw, filtered = learn_until_finished(driver, learner_filter, max_batches)
+        with pytest.raises(ExternalEnvFinished):
+            for _ in range(max_batches):
+                exp, _, _ = driver.get_training_exps()
+                batches.append(numpy(exp))
     finally:
         driver.stop()
         ext.join(5)
-    return driver, learner_filter, raw, filtered
+    return driver, batches
 
 
 def metric_results(driver):
@@ -152,20 +143,19 @@ def metric_results(driver):
 
 def run_scripted(episodes, observers=(), **ext_kwargs):
     ext = ScriptedEnv(episodes, **ext_kwargs)
-    seen = []
-    driver, learner_filter, raw, filtered = learn_filtered(
-        ext, observers=[lambda t: seen.append(numpy(t))] + list(observers))
-    return ext, learner_filter, raw, filtered, seen, metric_results(driver)
+    seen = []   # what the log thread's observers (and the metrics) got
+    driver, batches = learn_all(ext, observers=[lambda t: seen.append(numpy(t))] +
+                                list(observers))
+    return ext, batches, seen, metric_results(driver)
 
 
 # ----------------------------------------------------------- with a driver
 
 
 def test_logged_actions_not_the_policys_reach_the_learner_exactly():
-    ext, learner_filter, raw, filtered, seen, metrics = run_scripted(
-        [three_steps(logged=(1,)) for _ in range(4)])
-    assert len(filtered) == 3   # episode 3's boundary never comes
-    for e, exp in enumerate(filtered):
+    ext, batches, seen, metrics = run_scripted([three_steps(logged=(1,)) for _ in range(4)])
+    assert len(batches) == 3   # episode 3's boundary never comes
+    for e, exp in enumerate(batches):
         np.testing.assert_array_equal(exp.observation[0], [[e, 0], [e, 1], [e, 2], [e, 3]])
         np.testing.assert_array_equal(exp.step_type[0], [0, 1, 1, 2])
         np.testing.assert_array_equal(exp.next_step_type[0], [1, 1, 2, 0])
@@ -175,24 +165,22 @@ def test_logged_actions_not_the_policys_reach_the_learner_exactly():
         np.testing.assert_array_equal(
             exp.action[0], [policy_action(e, 0), 900 + 10 * e + 1, policy_action(e, 2),
                             policy_action(e, 3)])
-        # The driver itself (and its observers) recorded the policy's action.
-        np.testing.assert_array_equal(raw[e].action[0], [policy_action(e, s) for s in range(4)])
-    assert [u.action[0].tolist() for u in seen] == [r.action[0].tolist() for r in raw]
+    # The log thread's trajectories hold the logged actions too.
+    assert [u.action[0].tolist() for u in seen[:3]] == [b.action[0].tolist() for b in batches]
     # get_action returned the policy's actions to the client.
     assert ext.actions == [policy_action(e, s) for e in range(4) for s in (0, 2)]
-    assert learner_filter.actions_replaced == 3 and learner_filter.transitions_masked == 0
     assert metrics == dict(NumberOfEpisodes=3, EnvironmentSteps=9, AverageReturn=5.0,
                            AverageEpisodeLength=3.0)
 
 
 def test_training_disabled_episodes_are_counted_but_never_reach_the_learner():
-    ext, learner_filter, raw, filtered, seen, metrics = run_scripted(
+    ext, batches, seen, metrics = run_scripted(
         [three_steps(training_enabled=e % 2 == 0) for e in range(5)])
-    assert len(filtered) == 4
-    learned = np.concatenate([exp.observation[0] for exp in filtered])
+    assert len(batches) == 4
+    learned = np.concatenate([exp.observation[0] for exp in batches])
     assert set(learned[:, 0].tolist()) == {0, 2}   # episodes 1 and 3: nothing but zeros
     for e in (1, 3):
-        exp = filtered[e]
+        exp = batches[e]
         np.testing.assert_array_equal(exp.observation[0], np.zeros((4, 2)))
         np.testing.assert_array_equal(exp.step_type[0], [2, 2, 2, 2])   # inert boundaries
         np.testing.assert_array_equal(exp.next_step_type[0], [0, 0, 0, 0])
@@ -200,14 +188,17 @@ def test_training_disabled_episodes_are_counted_but_never_reach_the_learner():
         np.testing.assert_array_equal(exp.discount[0], [1, 1, 1, 1])
         np.testing.assert_array_equal(exp.action[0], [0, 0, 0, 0])
     for e in (0, 2):
-        np.testing.assert_array_equal(filtered[e].observation[0], raw[e].observation[0])
-        np.testing.assert_array_equal(filtered[e].step_type[0], [0, 1, 1, 2])
-    # Acted on, and counted: the observers and metrics saw all four episodes.
+        np.testing.assert_array_equal(batches[e].observation[0], [[e, s] for s in range(4)])
+        np.testing.assert_array_equal(batches[e].step_type[0], [0, 1, 1, 2])
+        np.testing.assert_array_equal(batches[e].reward[0], [0.5, 1.5, 3.0, 0.0])
+    # Acted on, and counted: the log thread's observers and the metrics saw
+    # all four episodes as they happened.
     assert sorted({int(u.observation[0, 0, 0]) for u in seen}) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(seen[1].observation[0], [[1, s] for s in range(4)])
+    np.testing.assert_array_equal(seen[1].step_type[0], [0, 1, 1, 2])
     assert ext.actions == [policy_action(e, s) for e in range(5) for s in (0, 1, 2)]
     assert metrics == dict(NumberOfEpisodes=4, EnvironmentSteps=12, AverageReturn=5.0,
                            AverageEpisodeLength=3.0)
-    assert learner_filter.transitions_masked == 8
 
 
 def test_exception_in_run_stops_the_driver_and_is_raised_in_the_learner():
@@ -411,32 +402,25 @@ def test_stop_wakes_calls_blocked_without_a_driver():
         ext.start_episode()
 
 
-def test_the_filter_must_be_bound_and_made_once():
-    ext = IdleEnv()
-    learner_filter = ext.experience_filter()
-    with pytest.raises(ValueError, match="already has an ExperienceFilter"):
-        ext.experience_filter()
-    with pytest.raises(RuntimeError, match=r"bind\(driver\) was not called"):
-        learner_filter.apply(None, [0])
-    with pytest.raises(ValueError, match="environment 0 is not a slot of this ExternalEnv"):
-        learner_filter.bind([object()])
-    ext.stop()
-
-
 def test_more_waiting_slots_than_tf_inter_op_threads_do_not_deadlock():
     # Six slots, one client playing its episodes one after another: five slots
     # always wait. Stepped inside the graph, each waiting slot held one of TF's
     # inter-op threads (2 on a 2-core machine) and the driver deadlocked; the
     # driver now steps blocking_step environments off that pool.
     ext = ScriptedEnv([three_steps() for _ in range(7)])
-    driver, _, _, filtered = learn_filtered(ext, max_batches=100, num_envs=6, unroll_length=1)
+    driver, batches = learn_all(ext, max_batches=100, num_envs=6, unroll_length=1)
     # unroll_length 1: each episode's 3 in-episode transitions complete on
     # their own (a boundary waits for the next episode on the same slot).
-    learned = [exp.observation[0, 0].tolist() for exp in filtered
+    learned = [exp.observation[0, 0].tolist() for exp in batches
                if exp.step_type[0, 0] != 2]
     assert sorted(learned) == [[e, s] for e in range(7) for s in range(3)]
     assert metric_results(driver)["NumberOfEpisodes"] == 7
     assert metric_results(driver)["EnvironmentSteps"] == 21
+
+
+def test_the_named_import_path():
+    from alf_async.environments import ExternalEnv as Named  # pylint: disable=import-outside-toplevel
+    assert Named is ExternalEnv
 
 def test_gym_spaces_convert_to_specs():
     import gym  # pylint: disable=import-outside-toplevel

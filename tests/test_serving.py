@@ -31,18 +31,16 @@ class Served(object):
             self.server = PolicyServerEnv(ACTION_SPEC, OBS_SPEC, policy=self.policy,
                                           **server_kwargs)
         self.batches = []
-        self.filter = self.server.experience_filter(
-            observers=[lambda exp, ids: self.batches.append(numpy(exp))])
         try:
             self.driver = AsyncOffPolicyDriver(
                 self.server.env_constructor(), self.policy, num_envs=num_envs,
-                unroll_length=unroll_length, exp_observers=[self.filter],
+                unroll_length=unroll_length,
+                exp_observers=[lambda exp, ids: self.batches.append(numpy(exp))],
                 stop_grace_period_secs=1.0)
         except BaseException:
             self.server.close()
             raise
-        self.filter.bind(self.driver)
-        # A learner without an agent: it takes every batch (for the filter).
+        # A learner without an agent: it takes every batch (for its observer).
         self.learner = Learner(None, self.driver)
         self.thread = threading.Thread(target=self.learner.run, name="learner", daemon=True)
         if learn:
@@ -255,9 +253,42 @@ def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
         # The learner sees the client's actions (offset 0), not the server
         # policy's (offset 5 by the time the steps arrived).
         np.testing.assert_array_equal(exp.action[0, :3], first)
-        assert served.filter.actions_replaced >= 3
         with pytest.raises(ValueError, match="'nope' is unknown"):
             client.get_action("nope", [1, 1])
         client.close()
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=1, token="s3cret")], indirect=True)
+def test_a_wrong_http_method_gets_405_with_a_json_error(served):
+    address = served.server.address
+    auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+    cases = [("PUT", protocol.COMMAND_PATH, b"{}", "method 'PUT' is not allowed: use GET or POST"),
+             ("DELETE", "/anything", None, "method 'DELETE' is not allowed: use GET or POST"),
+             ("GET", protocol.COMMAND_PATH, None,
+              "GET /v1/command: commands are sent with POST"),
+             ("POST", protocol.POLICY_MODEL_PATH, b"{}",
+              "POST /v1/policy/model: the policy is fetched with GET")]
+    for method, path, body, message in cases:
+        status, error = raw(address, method, path, body, auth)
+        assert status == 405, (method, path)
+        assert error == {"error": {"type": "MethodNotAllowed", "message": message}}
+    # The client raises the matching exception; the server keeps serving.
+    client = PolicyClient(address, token="s3cret")
+    status, _, body = client.request("PATCH", protocol.COMMAND_PATH, b"{}")
+    error = protocol.exception_from_response(status, body)
+    assert isinstance(error, protocol.MethodNotAllowedError) and error.status == 405
+    assert play(client, 4, steps=1) == [policy_action(4, 0)]
+    client.close()
+
+
+def test_the_remote_client_and_the_episode_api_import_no_tensorflow():
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    code = ("import sys, alf_async.serving.client, alf_async.environments.episode_api; "
+            "print(sorted(m for m in ('tensorflow', 'tf_agents') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ), check=True).stdout
+    assert out.strip() == "[]"

@@ -13,6 +13,16 @@ them in one place (the driver and the learner check for them with
   once on stop. SubprocessEnv, BatchedSubprocessEnv, RayBatchedEnv and
   ExternalEnv's slots are BlockingStep. An environment that cannot subclass
   it opts in with the attribute `blocking_step = True` (`steps_block`).
+- `AppliedStep`: right after each step the environment says which action it
+  actually applied and whether the transition may be trained on
+  (`applied_step()`); the env thread records that action in the trajectory
+  and ships untrainable transitions to the learner only as inert
+  boundaries. ExternalEnv's slots are AppliedStep (logged actions,
+  `training_enabled=False` episodes); any environment that clips, overrides
+  or vetoes actions may be.
+- `EndOfData`: the exception a step raises when its environment will never
+  produce experience again (ExternalEnvFinished is one); the env thread
+  raises it once the learner has taken every full batch left.
 
 A TFEnvironment has a capability when it is a `TFPyEnvironment` whose
 Python environment has it (`python_env(tf_env)`).
@@ -20,7 +30,7 @@ Python environment has it (`python_env(tf_env)`).
 
 import abc
 
-from tf_agents.environments import tf_py_environment
+from tf_agents.environments import batched_py_environment, tf_py_environment
 
 
 class Restartable(abc.ABC):
@@ -41,6 +51,64 @@ class BlockingStep(abc.ABC):
     Its `close()` must be safe from any thread and end a step in progress:
     the driver calls it from its stopping thread. A marker: no methods.
     """
+
+
+class AppliedStep(abc.ABC):
+    """A PyEnvironment that reports, right after each step, what that step applied.
+
+    The env thread (a Python loop: environments with this capability are
+    never stepped inside the graph) calls `applied_step()` after every
+    `step()` and before the next call to the environment, and then
+
+    - records the returned action in the trajectory instead of the policy's
+      (for the log queue and the learn queue alike);
+    - ships every transition with `trainable` False to the learn queue as an
+      inert boundary: step_type LAST, next_step_type FIRST, reward 0,
+      discount 1, action and policy info blanked (zeros, or the action
+      spec's minimum), and the observation blanked too unless the
+      transition before it in the same row is trainable and needs it as its
+      next observation. tf-agents' losses mask every transition that starts
+      at a LAST step, so none of these trains the agent, and nothing of a
+      transition that no trainable one depends on reaches the learner.
+      Boundaries rather than dropping: the learn queue carries unrolls of a
+      fixed length T, and a replayer's n-step windows need each row's steps
+      contiguous. The log queue gets the transition as it happened, so the
+      metrics count it like any other.
+
+    Threads: `applied_step()` is called by the env thread that steps the
+    environment, after `step()` returned on that same thread.
+    """
+
+    @abc.abstractmethod
+    def applied_step(self):
+        """What the last `step()` applied.
+
+        Returns:
+            (action, trainable): `action` the action nest actually applied
+            (numpy, with the environment's batch dimension when it is
+            batched), or None when it applied the action it was given;
+            `trainable` a bool (a bool array [batch_size] when batched):
+            False keeps the transition from the learner.
+        """
+
+
+class EndOfData(Exception):
+    """Raised by a step: this environment will never produce experience again.
+
+    The env thread raises it (stopping the driver, and again in the
+    learner's thread) only once the learner has taken every full batch that
+    is left, so finite data is learned from to its end.
+    """
+
+
+def reports_applied_step(py_env):
+    """True when `py_env` is an AppliedStep, or a tf-agents BatchedPyEnvironment
+    of AppliedStep environments."""
+    if isinstance(py_env, AppliedStep):
+        return True
+    if isinstance(py_env, batched_py_environment.BatchedPyEnvironment):
+        return all(isinstance(e, AppliedStep) for e in py_env.envs)
+    return False
 
 
 def steps_block(py_env):

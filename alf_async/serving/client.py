@@ -52,6 +52,7 @@ import weakref
 
 import numpy as np
 
+from alf_async.environments import episode_api
 from alf_async.serving import protocol
 
 logger = logging.getLogger(__name__)
@@ -287,9 +288,8 @@ class _LocalInference(object):
     # ------------------------------------------------------------ episodes
 
     def start_episode(self, episode_id, training_enabled):
-        episode_id = uuid.uuid4().hex if episode_id is None else episode_id
-        if not isinstance(episode_id, str):
-            raise TypeError(f"episode_id must be a str or None, got {type(episode_id).__name__}")
+        if episode_api.check_episode_id(episode_id, allow_none=True) is None:
+            episode_id = uuid.uuid4().hex
         with self._lock:
             if episode_id in self._episodes:
                 raise ValueError(f"episode {episode_id!r} is already started")
@@ -303,11 +303,10 @@ class _LocalInference(object):
 
     def get_action(self, episode_id, observation):
         from tf_agents.trajectories import time_step as ts  # pylint: disable=import-outside-toplevel
-        from alf_async.environments.external_env import check_nest  # pylint: disable=import-outside-toplevel
         self._ensure_policy()
         with self._lock:
             ep = self._episode(episode_id)
-        obs = check_nest(observation, self._obs_spec, "observation")
+        obs = episode_api.check_nest(observation, self._obs_spec, "observation")
         spec = self._time_step_spec
         time_step = ts.TimeStep(
             step_type=np.asarray(ts.StepType.FIRST if ep.first else ts.StepType.MID,
@@ -331,7 +330,7 @@ class _LocalInference(object):
         self._maybe_report()
 
     def log_returns(self, episode_id, reward, info):
-        reward = float(reward)
+        reward = episode_api.check_reward(reward)
         with self._lock:
             ep = self._episode(episode_id)
             if ep.first:
@@ -350,7 +349,7 @@ class _LocalInference(object):
             del self._episodes[episode_id]
             self._finished.add(episode_id)
             self._events.append({"command": "end_episode", "episode_id": episode_id,
-                                 "observation": _jsonable(observation)})
+                                 "observation": episode_api.to_json(observation)})
         self._maybe_report()
 
     def _episode(self, episode_id):
@@ -366,8 +365,8 @@ class _LocalInference(object):
             ep.first = False
             ep.reward = 0.0
             self._events.append({"command": "log_action", "episode_id": episode_id,
-                                 "observation": _jsonable(observation),
-                                 "action": _jsonable(action)})
+                                 "observation": episode_api.to_json(observation),
+                                 "action": episode_api.to_json(action)})
 
     # ------------------------------------------------------------- reports
 
@@ -447,17 +446,6 @@ class _LocalInference(object):
         finally:
             if self._dir is not None:
                 self._cleanup()
-
-
-def _jsonable(value):
-    """Numpy nests to JSON values (dicts, lists and tuples kept as objects and lists)."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
-    return value
 
 
 def _extract(blob, directory):

@@ -36,7 +36,8 @@ With a token, every request needs ``Authorization: Bearer <token>``.
 
 Errors
 ------
-Any refused request gets a 4xx/5xx status and the body
+Any refused request (a wrong HTTP method included: 405) gets a 4xx/5xx
+status and the body
 ``{"error": {"type": <name>, "message": <text>}}``; the client raises the
 matching exception class below (each a PolicyServerError, and also the
 built-in type the local ExternalEnv would raise).
@@ -46,6 +47,8 @@ import json
 
 import numpy as np
 
+from alf_async.environments import episode_api
+
 COMMAND_PATH = "/v1/command"
 POLICY_MODEL_PATH = "/v1/policy/model"
 POLICY_WEIGHTS_PATH = "/v1/policy/weights"
@@ -53,16 +56,17 @@ CONTENT_TYPE = "application/json"
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 MAX_REPORT_EVENTS = 10_000
 
-# command -> (required arguments, optional arguments)
-COMMANDS = {
-    "start_episode": ((), ("episode_id", "training_enabled")),
-    "get_action": (("episode_id", "observation"), ()),
-    "log_action": (("episode_id", "observation", "action"), ()),
-    "log_returns": (("episode_id", "reward"), ("info",)),
-    "end_episode": (("episode_id", "observation"), ()),
-    "report": (("events",), ()),
-}
+# command -> (required arguments, optional arguments): the episode methods
+# (episode_api.METHODS, their one definition) and `report`.
+COMMANDS = dict({name: (m.required, m.optional) for name, m in episode_api.METHODS.items()},
+                report=(("events",), ()))
 REPORTABLE = ("start_episode", "log_action", "log_returns", "end_episode")
+
+
+def result_of(command, value):
+    """The 200 response object of an episode method that returned `value`."""
+    key = episode_api.METHODS[command].result
+    return {} if key is None else {key: value}
 
 
 # ----------------------------------------------------------------- errors
@@ -98,6 +102,12 @@ class NotFoundError(PolicyServerError, LookupError):
     type_name = "NotFound"
 
 
+class MethodNotAllowedError(PolicyServerError, ValueError):
+    """405: an HTTP method the path does not serve (commands are POSTed, the
+    policy is fetched with GET)."""
+    type_name = "MethodNotAllowed"
+
+
 class LengthRequiredError(PolicyServerError, ValueError):
     """411: no Content-Length."""
     type_name = "LengthRequired"
@@ -130,7 +140,7 @@ class ServerTimeoutError(PolicyServerError, TimeoutError):
 
 _ERRORS = {cls.type_name: (status, cls) for status, cls in [
     (400, BadRequestError), (400, ServerValueError), (401, UnauthorizedError),
-    (404, NotFoundError), (411, LengthRequiredError), (413, RequestTooLargeError),
+    (404, NotFoundError), (405, MethodNotAllowedError), (411, LengthRequiredError), (413, RequestTooLargeError),
     (429, TooManyEpisodesServerError), (500, ServerInternalError),
     (503, ServerStoppedError), (504, ServerTimeoutError)]}
 
@@ -146,6 +156,15 @@ class ProtocolError(Exception):
 
 def status_of(type_name):
     return _ERRORS[type_name][0]
+
+
+def type_of_status(status):
+    """The error type name of an HTTP error status ("BadRequest" for an
+    unknown 4xx, "InternalError" for an unknown 5xx)."""
+    for type_name, (code, _) in _ERRORS.items():
+        if code == status and type_name != "ValueError":
+            return type_name
+    return "InternalError" if status >= 500 else "BadRequest"
 
 
 def error_body(type_name, message):

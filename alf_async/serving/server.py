@@ -2,10 +2,8 @@
 
     server = PolicyServerEnv(action_spec, observation_spec, token="s3cret",
                              policy=agent.collect_policy)   # policy: for local inference
-    learner_filter = server.experience_filter(observers=[replayer])
     driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=K, exp_observers=[learner_filter])
-    learner_filter.bind(driver)
+                                  num_envs=K, exp_observers=[replayer])
     driver.start()                 # starts serving on server.address
     ...
     driver.stop()                  # stops serving too
@@ -14,7 +12,8 @@ The wire format is `alf_async.serving.protocol` (JSON only). Every request
 is answered; refused ones get a 4xx (5xx when the server itself is stopped or
 failed) with a JSON error, and the server goes on serving everyone else:
 malformed JSON, unknown commands or arguments, observations or actions that
-do not match the specs (400), no or a wrong token (401), no Content-Length
+do not match the specs (400), no or a wrong token (401), an unknown path
+(404), an HTTP method the path does not serve (405), no Content-Length
 (411), a body over `max_body_bytes` (413, not read), too many open episodes
 (429), no action in time (504).
 
@@ -149,21 +148,14 @@ class PolicyServerEnv(ExternalEnv):
         return header is not None and hmac.compare_digest(header.encode(), expected)
 
     def dispatch(self, command, args):
-        """Runs one parsed command (on a connection thread); returns the response object."""
-        if command == "start_episode":
-            return {"episode_id": self.start_episode(args.get("episode_id"),
-                                                     args.get("training_enabled", True))}
-        if command == "get_action":
-            return {"action": self.get_action(args["episode_id"], args["observation"])}
-        if command == "log_action":
-            self.log_action(args["episode_id"], args["observation"], args["action"])
-        elif command == "log_returns":
-            self.log_returns(args["episode_id"], args["reward"], args.get("info"))
-        elif command == "end_episode":
-            self.end_episode(args["episode_id"], args["observation"])
-        elif command == "report":
+        """Runs one parsed command (on a connection thread); returns the response object.
+
+        An episode method's arguments are its keyword arguments (the protocol
+        checked their names against episode_api.METHODS).
+        """
+        if command == "report":
             return {"applied": self._report(args["events"])}
-        return {}
+        return protocol.result_of(command, getattr(self, command)(**args))
 
     def _report(self, events):
         parsed = []
@@ -289,15 +281,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def send_error(self, code, message=None, explain=None):
-        """http.server's own refusals, as 4xx: it answers 501 to a method we do
-        not serve and 505 to an HTTP version other than 1.x; both are the
-        client's request at fault, so 405 and 400."""
+        """http.server's own refusals, as 4xx with a JSON error body like every
+        other: it answers 501 to a method we do not serve and 505 to an HTTP
+        version other than 1.x; both are the client's request at fault, so
+        405 and 400. The connection then closes (the request was not read).
+
+        A request line it could not parse leaves the request's version at
+        HTTP/0.9, whose responses have no status line; the error is sent
+        with one (HTTP/1.1) all the same, so that its status is readable.
+        """
+        del explain
+        if self.request_version == "HTTP/0.9":
+            self.request_version = self.protocol_version
         if code == 501:
-            code, message = 405, f"method {self.command!r} is not allowed: use GET or POST"
-        elif code == 505:
+            self._method_not_allowed(f"method {self.command!r} is not allowed: use GET or POST")
+            return
+        if code == 505:
             code = 400
             message = f"HTTP version not supported: {message or ''} (use HTTP/1.1)"
-        super().send_error(code, message, explain)
+        type_name = protocol.type_of_status(code)
+        self.close_connection = True
+        self._send(code, protocol.error_body(type_name, message or f"HTTP error {code}"))
 
     def log_message(self, format, *args):  # pylint: disable=redefined-builtin
         logger.debug("%s - " + format, self.address_string(), *args)
@@ -323,6 +327,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = self._read_body(env)
         if body is None:
             return
+        if self.path in (protocol.POLICY_MODEL_PATH, protocol.POLICY_WEIGHTS_PATH):
+            return self._method_not_allowed(f"POST {self.path}: the policy is fetched with GET")
         if self.path != protocol.COMMAND_PATH:
             return self._error("NotFound", f"no such path {self.path!r}; POST commands to "
                                f"{protocol.COMMAND_PATH}")
@@ -340,6 +346,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _get(self):
         env = self.server.env
+        if self.path == protocol.COMMAND_PATH:
+            return self._method_not_allowed(f"GET {self.path}: commands are sent with POST")
         if self.path not in (protocol.POLICY_MODEL_PATH, protocol.POLICY_WEIGHTS_PATH):
             return self._error("NotFound", f"no such path {self.path!r}", body_unread=True)
         if not env.authorized(self.headers.get("Authorization")):
@@ -407,6 +415,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 length -= len(chunk)
         except OSError:
             pass
+
+    def _method_not_allowed(self, message):
+        self._error("MethodNotAllowed", message, body_unread=True,
+                    headers={"Allow": "GET, POST"})
 
     def _unauthorized(self):
         self._error("Unauthorized", "missing or wrong 'Authorization: Bearer <token>'",
