@@ -13,12 +13,14 @@ Silenced unless `verbose`:
 - gym's "The environment CartPole-v0 is out of date" UserWarning and other
   DeprecationWarnings;
 - TensorFlow's Python-side deprecation warnings (tf-agents' "calling foldr_v2
-  with back_prop=False"): the `tensorflow` logger shows errors only.
+  with back_prop=False") and absl's (tf-agents' policy saver, TF's
+  SavedModel name sanitizing): the `tensorflow` and `absl` loggers show
+  errors only.
 
 Child processes (SubprocessEnv's fork server and children, spawn) inherit it
 through the environment: `quiet()` sets `ALF_ASYNC_QUIET=1`, and
-`apply_inherited()` (called when alf_async.bin.train is imported, which a
-fork server preloads as the main module) applies it there. alf_async's own
+`apply_inherited()` (called when the alf_async package is imported, before
+any of its modules imports gym or TensorFlow) applies it there. alf_async's own
 warnings (e.g. the driver's inter-op thread hint) are not silenced.
 """
 
@@ -63,3 +65,8 @@ def _apply():
     except Exception:  # pylint: disable=broad-except  (no gym_notices: nothing to print)
         pass
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    try:
+        from absl import logging as absl_logging  # a TensorFlow dependency; no TF import
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass

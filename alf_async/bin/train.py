@@ -48,10 +48,6 @@ INTERRUPTED_DURING = (f"{PROG}: interrupted again while stopping: no checkpoint 
 # Bindings every run needs; an overlay gin file alone leaves them unbound.
 REQUIRED_BINDINGS = ("train.env_name", "train.agent_fn")
 
-# A SubprocessEnv fork server preloads the main module (this one): its
-# children are then as quiet as the parent.
-quiet.apply_inherited()
-
 
 class ConfigError(ValueError):
     """A configuration error found by the CLI: one line, exit 2."""
