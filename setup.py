@@ -35,7 +35,7 @@ EXTENSIONS = [
               define_macros=[("Py_BUILD_CORE_MODULE", "1")]),
 ] if sys.version_info[:2] == (3, 11) and sys.implementation.name == "cpython" else []
 
-# The pinned stack (see DESIGN.md): tf-agents 0.19 is the newest release and
+# The pinned stack (README, Layout): tf-agents 0.19 is the newest release and
 # supports TF 2.15 at most; gym 0.23 is what its suite_gym loads.
 STACK = [
     "tensorflow-cpu==2.15.1",

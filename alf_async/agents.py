@@ -5,6 +5,9 @@ Any callable(time_step_spec, action_spec, train_step_counter) -> TFAgent
 plugs in the same way.
 """
 
+import numbers
+import weakref
+
 import gin
 import tensorflow as tf
 from tf_agents.agents.ddpg import critic_network
@@ -18,7 +21,8 @@ from tf_agents.utils import common
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
     gin.external_configurable(_loss_fn, module="tf_agents.utils.common")
 
-
+# optimizer -> the gin binding of its learning rate (see `optimizer_hyperparameters`).
+_LEARNING_RATE_BINDINGS = weakref.WeakKeyDictionary()
 
 @gin.configurable
 def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(64, 64),
@@ -45,6 +49,15 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             `build_optimizer`); False leaves them to the first train step, as
             in tf-agents' own examples.
     """
+    _check_layers("dqn_agent.fc_layer_params", fc_layer_params)
+    _check_number("dqn_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    _check_number("dqn_agent.epsilon_greedy", epsilon_greedy, low=0.0, high=1.0)
+    if epsilon_final is not None:
+        _check_number("dqn_agent.epsilon_final", epsilon_final, low=0.0, high=1.0)
+    if not isinstance(epsilon_decay_steps, int) or isinstance(epsilon_decay_steps, bool) or (
+            epsilon_decay_steps < 0):
+        raise ValueError(f"dqn_agent.epsilon_decay_steps must be an int >= 0, "
+                         f"got {epsilon_decay_steps!r}")
     q_net = q_network.QNetwork(time_step_spec.observation, action_spec,
                                fc_layer_params=tuple(fc_layer_params))
     epsilon = epsilon_greedy
@@ -59,6 +72,7 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
     agent = agent_class(time_step_spec, action_spec, q_network=q_net, optimizer=optimizer,
                         epsilon_greedy=epsilon, train_step_counter=train_step_counter,
                         **(agent_kwargs or {}))
+    _LEARNING_RATE_BINDINGS[agent._optimizer] = "dqn_agent.learning_rate"
     if prebuild_optimizer:
         # DqnAgent._train applies gradients to exactly these variables.
         build_optimizer(optimizer, q_net.trainable_weights)
@@ -70,6 +84,12 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
               actor_fc_layer_params=(256, 256), critic_joint_fc_layer_params=(256, 256),
               actor_learning_rate=3e-4, critic_learning_rate=3e-4, alpha_learning_rate=3e-4):
     """A SacAgent with tf-agents' standard SAC networks (tanh-normal actor) and Adams."""
+    _check_layers("sac_agent.actor_fc_layer_params", actor_fc_layer_params)
+    _check_layers("sac_agent.critic_joint_fc_layer_params", critic_joint_fc_layer_params)
+    for name, value in (("actor_learning_rate", actor_learning_rate),
+                        ("critic_learning_rate", critic_learning_rate),
+                        ("alpha_learning_rate", alpha_learning_rate)):
+        _check_number(f"sac_agent.{name}", value, low=0.0, low_open=True)
     observation_spec = time_step_spec.observation
     actor_net = actor_distribution_network.ActorDistributionNetwork(
         observation_spec, action_spec, fc_layer_params=tuple(actor_fc_layer_params),
@@ -90,10 +110,59 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
         v.ref() for v in agent._critic_network_1.trainable_variables +
         agent._critic_network_2.trainable_variables)]
     # (SacAgent converts the optimizers to legacy Keras ones: build its copies.)
+    for name in ("actor", "critic", "alpha"):
+        _LEARNING_RATE_BINDINGS[getattr(agent, f"_{name}_optimizer")] = (
+            f"sac_agent.{name}_learning_rate")
     build_optimizer(agent._actor_optimizer, actor_net.trainable_variables)
     build_optimizer(agent._critic_optimizer, critic_variables)
     build_optimizer(agent._alpha_optimizer, [agent._log_alpha])
     return agent
+
+
+def _check_layers(binding, layers):
+    """Raises ValueError naming `binding` unless `layers` is a sequence of ints >= 1."""
+    try:
+        ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers)
+    except TypeError:
+        ok = False
+    if not ok or isinstance(layers, str):
+        raise ValueError(f"{binding} must be a tuple of layer sizes (ints >= 1), got {layers!r}")
+
+
+def _check_number(binding, value, low, high=None, low_open=False):
+    """Raises ValueError naming `binding` unless `value` is a number in range."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and (
+        value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bounds = f"> {low:g}" if low_open else (
+            f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]")
+        raise ValueError(f"{binding} must be a number {bounds}, got {value!r}")
+
+
+def optimizer_hyperparameters(agent):
+    """[(name, variable)]: the hyperparameters of `agent`'s Keras optimizers that a
+    checkpoint stores as variables (and a restore would overwrite).
+
+    That is the learning rate of a Keras 2.11+ optimizer and every built
+    hyperparameter of a legacy one (learning_rate, beta_1, ...). A learning
+    rate set by this module's builders is named by its gin binding
+    (`dqn_agent.learning_rate`); others by where they live
+    (`agent._optimizer.learning_rate`).
+    """
+    found = []
+    for attr, optimizer in sorted(vars(agent).items()):
+        if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+            hyper = dict(optimizer._hyper)  # pylint: disable=protected-access
+        elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
+            hyper = {"learning_rate": getattr(optimizer, "_learning_rate", None)}
+        else:
+            continue
+        for name, variable in sorted(hyper.items()):
+            if not isinstance(variable, tf.Variable):
+                continue
+            binding = _LEARNING_RATE_BINDINGS.get(optimizer) if name == "learning_rate" else None
+            found.append((binding or f"agent.{attr}.{name}", variable))
+    return found
 
 
 def build_optimizer(optimizer, variables):

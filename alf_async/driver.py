@@ -329,7 +329,8 @@ def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
     in-process simulator (one that sleeps or releases the GIL) therefore
     overlaps at most that many env steps. The pool is sized
     by `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
-    works before TF starts running ops (alf-async-train sets it from gin).
+    works before TF starts running ops (alf-async-train and `train()` set it
+    from the gin binding `train.inter_op_threads`).
     Warns once per process: for cheap in-process environments the default is
     right (more threads measured slower), so this is a hint, not an error.
     """
@@ -341,9 +342,10 @@ def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
         logger.warning(
             "TF has %d inter-op threads for %d graph-mode env threads and %d actor threads: "
             "at most %d environment steps run at once. For a slow in-process simulator, "
-            "call tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs "
-            "any op, or declare blocking_step = True on its PyEnvironment.",
-            threads, num_envs, num_actor_queues, threads, wanted)
+            "run alf-async-train with --gin_param 'train.inter_op_threads = %d' (in Python: "
+            "tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs any "
+            "op), or declare blocking_step = True on its PyEnvironment.",
+            threads, num_envs, num_actor_queues, threads, wanted, wanted)
 
 
 def _size(queue):

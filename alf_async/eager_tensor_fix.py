@@ -7,7 +7,7 @@ unroll; a blocking environment's Python loop makes several per step; the
 trainer makes some per train step: ~29 bytes per env step in the
 graph-mode driver (benchmarks/memory.py) and ~12 MB a minute in a
 SubprocessEnv training run (benchmarks/soak.py), for as long as the run
-lasts. The pinned stack (DESIGN.md) cannot move to a fixed TF, so
+lasts. The pinned stack (setup.py) cannot move to a fixed TF, so
 alf_async frees the block itself: `_eager_tensor_fix`, a small C extension
 built at install time, wraps EagerTensor's deallocator.
 

@@ -4,10 +4,11 @@
   learner's loss (Learner/...) and the driver's health (Perf/, Queues/,
   Env/) every `interval` train steps and at the end, to the learner's
   summary writer.
-- `EvaluationHook(evaluator, writer, interval, stop_at_return)`: the greedy
-  policy's average return every `interval` train steps (its graph is traced
-  on the learner's helper thread once training starts); stops the learner
-  once it reaches `stop_at_return`.
+- `EvaluationHook(evaluator, writer, interval, stop_at_return, solved)`: the
+  greedy policy's average return every `interval` train steps (its graph is
+  traced on the learner's helper thread once training starts); stops the
+  learner once it reaches `stop_at_return`, noting it in `solved` (a
+  `SolvedRecord`, checkpointed with the run so that a rerun knows).
 - `CheckpointHook(checkpointer, interval)`: a checkpoint every `interval`
   train steps and at the end.
 - `ProgressHook(print_fn, interval_secs)`: a progress line every
@@ -57,12 +58,29 @@ class SummaryHook(Hook):
             self._health.write(step)
 
 
+class SolvedRecord(tf.Module):
+    """The first evaluation that reached `stop_at_eval_return`, kept in the
+    checkpoint (under `solved`) so that a rerun of a solved job knows it.
+
+    Attributes:
+        step: its train step (-1: not solved).
+        average_return: its average return (-inf: not solved).
+    """
+
+    def __init__(self):
+        super().__init__(name="solved")
+        self.step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="step")
+        self.average_return = tf.Variable(float("-inf"), dtype=tf.float64, trainable=False,
+                                          name="average_return")
+
+
 class EvaluationHook(Hook):
     """Evaluates every `interval` train steps with `evaluator`
     (`alf_async.evaluation.Evaluator`); writes `Metrics/AverageReturn`,
     `Metrics/AverageEpisodeLength` and `Metrics_vs_EnvironmentSteps/
     AverageReturn` to `writer`, prints a line, and stops the learner
-    ('stop_at_eval_return') once an average return reaches `stop_at_return`.
+    ('stop_at_eval_return') once an average return reaches `stop_at_return`,
+    noting that evaluation in `solved` (a `SolvedRecord`) if given.
 
     Attributes:
         evaluations: [(seconds since the loop started, train step, env
@@ -71,8 +89,10 @@ class EvaluationHook(Hook):
             that reached `stop_at_return` (None if none did).
     """
 
-    def __init__(self, evaluator, writer, interval, stop_at_return=None, print_fn=print):
+    def __init__(self, evaluator, writer, interval, stop_at_return=None, print_fn=print,
+                 solved=None):
         self._evaluator = evaluator
+        self._solved = solved
         self._writer = writer
         self._interval = interval
         self._stop_at_return = stop_at_return
@@ -103,12 +123,15 @@ class EvaluationHook(Hook):
             tf.summary.scalar("Metrics_vs_EnvironmentSteps/AverageReturn", average_return,
                               step=env_steps)
         self._print(f"[alf_async] eval at train step {step} ({secs:.1f} s, {env_steps} env "
-                    f"steps): AverageReturn {average_return:.1f} over "
+                    f"steps): greedy policy AverageReturn {average_return:.1f} over "
                     f"{self._evaluator.num_episodes} episodes, AverageEpisodeLength "
                     f"{average_length:.1f}")
         if (self._stop_at_return is not None and self.solved_secs is None and
                 average_return >= self._stop_at_return):
             self.solved_secs = secs
+            if self._solved is not None:
+                self._solved.step.assign(step)
+                self._solved.average_return.assign(average_return)
             learner.request_stop("stop_at_eval_return")
 
 
@@ -136,7 +159,10 @@ class ProgressHook(Hook):
     """A progress line every `interval_secs` seconds and at the end:
 
         [alf_async] iteration 40 | env steps 320 (1234/s) | train steps 66 (250/s)
-            | AverageReturn 21.3 | loss 0.513
+            | collect policy AverageReturn 21.3 | loss 0.513
+
+    (the driver's AverageReturn metric: the exploring collect policy's
+    episodes; the evaluation's lines say "greedy policy AverageReturn").
     """
 
     def __init__(self, print_fn=print, interval_secs=10.0):
@@ -165,5 +191,5 @@ class ProgressHook(Hook):
         self._print(
             f"[alf_async] iteration {learner.iterations} | env steps {env_steps} "
             f"({(env_steps - env0) / dt:.0f}/s) | train steps {step} ({(step - step0) / dt:.0f}/s)"
-            f" | AverageReturn {average_return:.1f} | loss {loss}")
+            f" | collect policy AverageReturn {average_return:.1f} | loss {loss}")
         self._last = (now, env_steps, step)

@@ -18,7 +18,11 @@ until `num_iterations`, `num_env_steps`, `stop_at_eval_return` or
 
 Running again on the same root_dir restores the latest checkpoint: the
 global (train) step, the iteration and env-step counters and the metrics go
-on where they were; `num_iterations` / `num_env_steps` are totals.
+on where they were; `num_iterations` / `num_env_steps` are totals. A run
+that is finished (a limit reached, or solved) returns at once, building
+nothing. Changed settings apply on resume (the learning rates too, over the
+checkpoint's); settings that shape the checkpoint cannot change (see
+alf_async.resume).
 
 Threads: `train()` runs on the caller's thread, which becomes the learner's
 (see `Learner` for what runs where and what blocks).
@@ -33,19 +37,21 @@ from tf_agents.eval import metric_utils
 from tf_agents.utils import common
 
 from alf_async import agents  # noqa: F401  (registers dqn_agent, sac_agent with gin)
-from alf_async import replayers
+from alf_async import replayers, resume
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.evaluation import Evaluator
 from alf_async.learner import Hook, Learner, LearnerCounters
-from alf_async.learner_hooks import CheckpointHook, EvaluationHook, ProgressHook, SummaryHook
+from alf_async.learner_hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
+                                     SummaryHook)
 
 TrainResult = collections.namedtuple("TrainResult", [
     "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])
 TrainResult.__doc__ = """What `train()` did.
 
 global_step / env_steps / iterations: the totals at exit (resumed runs included).
-stopped_by: 'num_iterations', 'num_env_steps', 'stop_at_eval_return' or 'stop_event'.
+stopped_by: 'num_iterations', 'num_env_steps', 'stop_at_eval_return', 'stop_event', or
+    'already_finished' (root_dir's run was finished before: nothing ran).
 evaluations: [(seconds since the loop started, global step, env steps,
     average return, average episode length)] of this run.
 solved_secs: seconds from the loop's start to the first evaluation whose
@@ -62,6 +68,10 @@ def one_line(error):
 
 class ConfigError(ValueError):
     """A bad `train()` argument, found before anything is built."""
+
+
+class IncompatibleCheckpointError(ConfigError):
+    """root_dir's checkpoint does not fit the configuration (found before any thread starts)."""
 
 
 def _check_args(**args):
@@ -83,6 +93,11 @@ def _check_args(**args):
     if args["num_iterations"] is None and args["num_env_steps"] is None:
         raise ConfigError("set train.num_iterations or train.num_env_steps (or both): "
                          "otherwise training never stops")
+    for name in ("inter_op_threads", "intra_op_threads"):
+        value = args[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
+                                  value < 1):
+            raise ConfigError(f"train.{name} must be None or an int >= 1, got {value!r}")
     for name in ("log_interval_secs",):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
@@ -95,6 +110,26 @@ def _check_args(**args):
 
 def _print_flush(line):
     print(line, flush=True)
+
+
+def _set_threads(inter_op_threads, intra_op_threads):
+    """Sizes TF's thread pools; only possible before TF runs its first op."""
+    threading_config = tf.config.threading
+    for name, value, get, set_ in (
+            ("inter_op_threads", inter_op_threads,
+             threading_config.get_inter_op_parallelism_threads,
+             threading_config.set_inter_op_parallelism_threads),
+            ("intra_op_threads", intra_op_threads,
+             threading_config.get_intra_op_parallelism_threads,
+             threading_config.set_intra_op_parallelism_threads)):
+        if value is None or get() == value:
+            continue
+        try:
+            set_(value)
+        except RuntimeError:
+            raise ConfigError(
+                f"train.{name} = {value} cannot be applied: TensorFlow already ran ops in "
+                f"this process (call train() before anything else uses TensorFlow)") from None
 
 
 @gin.configurable
@@ -121,6 +156,8 @@ def train(root_dir,
           summary_interval=100,
           checkpoint_interval=10000,
           log_interval_secs=10.0,
+          inter_op_threads=None,
+          intra_op_threads=None,
           seed=None,
           stop_event=None,
           print_fn=None):
@@ -156,6 +193,10 @@ def train(root_dir,
         summary_interval: write training summaries every this many train steps.
         checkpoint_interval: checkpoint every this many train steps (and at exit).
         log_interval_secs: seconds between progress lines.
+        inter_op_threads: TF's inter-op thread pool size (None: TF's default,
+            one per core); each graph-mode env thread's Python step and
+            each actor thread hold one while they run.
+        intra_op_threads: TF's intra-op thread pool size (None: TF's default).
         seed: seeds TF's global generator and the environments (None: unseeded).
         stop_event: a `threading.Event`; once set, the loop stops cleanly
             (checkpoint written) at the end of the iteration.
@@ -171,25 +212,39 @@ def train(root_dir,
         thread was stopped.
     """
     _check_args(**{k: v for k, v in locals().items()})
+    _set_threads(inter_op_threads, intra_op_threads)
     print_fn = print_fn or _print_flush
     root_dir = os.path.expanduser(root_dir)
+    done = resume.finished(root_dir, num_iterations, num_env_steps, stop_at_eval_return)
+    if done is not None:
+        print_fn(f"[alf_async] {root_dir} is finished: {done.reason} (iteration "
+                 f"{done.iterations}, train step {done.global_step}, env steps "
+                 f"{done.env_steps}); nothing to do. Raise the limit to train on, or use a "
+                 f"new --root_dir to start fresh")
+        return TrainResult(done.global_step, done.env_steps, done.iterations,
+                           "already_finished", [], None)
     try:
         built = _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn,
                        num_envs, env_batch_size, num_actor_queues, actor_queue_cap,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed)
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as e:
         # Nothing has started yet: a bad name, spec or queue configuration.
         raise ConfigError(one_line(e)) from e
-    agent, driver, replayer, eval_env, checkpointer, counters = built
+    agent, driver, replayer, eval_env, checkpointer, counters, solved, changed = built
     try:
         if checkpointer.checkpoint_exists:
             print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
                      f"global step {int(agent.train_step_counter)}, env steps "
                      f"{int(counters.env_steps)}, iteration {int(counters.iterations)}")
+        for line in changed:
+            print_fn(f"[alf_async] the config's value applies: {line}")
         evaluation = EvaluationHook(
             Evaluator(eval_env, agent.policy),
             tf.summary.create_file_writer(os.path.join(root_dir, "eval")), eval_interval,
-            stop_at_return=stop_at_eval_return, print_fn=print_fn) if num_eval_episodes else None
+            stop_at_return=stop_at_eval_return, print_fn=print_fn,
+            solved=solved) if num_eval_episodes else None
         hooks = [OperativeConfigHook(root_dir), SummaryHook(summary_interval), evaluation,
                  CheckpointHook(checkpointer, checkpoint_interval),
                  ProgressHook(print_fn, log_interval_secs)]
@@ -218,7 +273,9 @@ def train(root_dir,
 def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed):
-    """Environments, agent, replayer, driver (not started) and the restored checkpoint."""
+    """Environments, agent, replayer, driver (not started), the restored
+    checkpoint, and the hyperparameters whose config value replaced the
+    checkpoint's (see alf_async.resume)."""
     if seed is not None:
         tf.random.set_seed(seed)
     # The specs come from the evaluation environment.
@@ -243,16 +300,24 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         raise
     try:
         counters = LearnerCounters()
-        checkpointer = common.Checkpointer(
-            ckpt_dir=os.path.join(root_dir, "train"), max_to_keep=2, agent=agent,
-            global_step=global_step, counters=counters, replay_buffer=replayer,
-            metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"))
-        checkpointer.initialize_or_restore()
+        solved = SolvedRecord()
+        configured = resume.configured_values(agent)
+        try:
+            checkpointer = common.Checkpointer(
+                ckpt_dir=resume.checkpoint_dir(root_dir), max_to_keep=2, agent=agent,
+                global_step=global_step, counters=counters, replay_buffer=replayer,
+                metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"),
+                solved=solved)
+            checkpointer.initialize_or_restore()
+        except (ValueError, TypeError, AssertionError, tf.errors.OpError) as e:
+            raise IncompatibleCheckpointError(resume.incompatible_message(
+                root_dir, e, gin.operative_config_str())) from e
+        changed = resume.apply_config(configured)
     except BaseException:
         driver.stop()
         eval_env.close()
         raise
-    return agent, driver, replayer, eval_env, checkpointer, counters
+    return agent, driver, replayer, eval_env, checkpointer, counters, solved, changed
 
 
 class OperativeConfigHook(Hook):

@@ -8,17 +8,22 @@ without an agent that only takes batches. For a training run, see the README's m
 """
 
 import argparse
+import sys
 import time
 
-import tensorflow as tf
-from tf_agents.agents.dqn import dqn_agent
-from tf_agents.environments import tf_py_environment
-from tf_agents.networks import q_network
+from alf_async import quiet
 
-from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.gym_batch import load_batched
-from alf_async.learner import Hook, Learner
-from alf_async.metrics import by_name
+quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
+
+import tensorflow as tf  # noqa: E402
+from tf_agents.agents.dqn import dqn_agent  # noqa: E402
+from tf_agents.environments import tf_py_environment  # noqa: E402
+from tf_agents.networks import q_network  # noqa: E402
+
+from alf_async import AsyncOffPolicyDriver  # noqa: E402
+from alf_async.environments.gym_batch import load_batched  # noqa: E402
+from alf_async.learner import Hook, Learner  # noqa: E402
+from alf_async.metrics import by_name  # noqa: E402
 
 
 class Rate(Hook):
@@ -43,6 +48,8 @@ class Rate(Hook):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party output (TensorFlow's banner, gym's notices)")
     args = parser.parse_args()
 
     def env_constructor():

@@ -17,21 +17,26 @@ import argparse
 import logging
 import signal
 import threading
+import sys
 import time
 
-import gym
-import tensorflow as tf
-from tf_agents.agents.dqn import dqn_agent
-from tf_agents.networks import q_network
-from tf_agents.specs import tensor_spec
-from tf_agents.trajectories import time_step as ts
-from tf_agents.utils import common
+from alf_async import quiet
 
-from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.external_env import specs_from_gym
-from alf_async.learner import Hook, Learner
-from alf_async.metrics import by_name
-from alf_async.replayers import UniformReplayer
+quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
+
+import gym  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tf_agents.agents.dqn import dqn_agent  # noqa: E402
+from tf_agents.networks import q_network  # noqa: E402
+from tf_agents.specs import tensor_spec  # noqa: E402
+from tf_agents.trajectories import time_step as ts  # noqa: E402
+from tf_agents.utils import common  # noqa: E402
+
+from alf_async import AsyncOffPolicyDriver  # noqa: E402
+from alf_async.environments.external_env import specs_from_gym  # noqa: E402
+from alf_async.learner import Hook, Learner  # noqa: E402
+from alf_async.metrics import by_name  # noqa: E402
+from alf_async.replayers import UniformReplayer  # noqa: E402
 
 
 def cartpole_specs():
@@ -117,6 +122,8 @@ def main():
     parser.add_argument("--slots", type=int, default=8,
                         help="episodes served at once (the driver's num_envs)")
     parser.add_argument("--seconds", type=float, default=60.0, help="then stop")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party output (TensorFlow's banner, gym's notices)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from alf_async.serving import PolicyServerEnv  # pylint: disable=import-outside-toplevel

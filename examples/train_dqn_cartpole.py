@@ -6,75 +6,109 @@ environments, agent, replayer, driver — and runs them with the Learner that
 `train()` runs (alf_async.learner), with a hook of its own.
 
     python examples/train_dqn_cartpole.py [--root_dir /tmp/alf_async_dqn_cartpole] [--by_hand]
+        [--verbose]
+
+Both use the main job's agent (double DQN, 3-step returns, gamma 0.99, a soft
+target update, the squared TD loss): tf-agents' DqnAgent defaults (gamma 1.0,
+the target network copied every step) do not learn CartPole.
 """
 
 import argparse
 import functools
+import sys
 
-import tensorflow as tf
-from tf_agents.agents.dqn import dqn_agent
-from tf_agents.utils import common
+from alf_async import quiet
 
-from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer
-from alf_async.environments import suites
-from alf_async.learner import Hook, Learner
-from alf_async.metrics import by_name
+quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
+
+import tensorflow as tf  # noqa: E402
+from tf_agents.agents.dqn import dqn_agent  # noqa: E402
+from tf_agents.utils import common  # noqa: E402
+
+from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer  # noqa: E402
+from alf_async.environments import suites  # noqa: E402
+from alf_async.evaluation import Evaluator  # noqa: E402
+from alf_async.learner import Hook, Learner  # noqa: E402
+from alf_async.metrics import by_name  # noqa: E402
+
+# gin_configs/dqn_cartpole.gin's agent.
+AGENT_FN = functools.partial(
+    agents.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
+    learning_rate=5e-4, epsilon_greedy=1.0, epsilon_final=0.05, epsilon_decay_steps=1000,
+    # DqnAgent's own arguments (in gin: DqnAgent.n_step_update = 3, ...).
+    agent_kwargs=dict(gamma=0.99, n_step_update=3, target_update_tau=0.005,
+                      target_update_period=1,
+                      td_errors_loss_fn=common.element_wise_squared_loss))
 
 
 def with_train(root_dir):
     """Part 1: the training loop, checkpoints, summaries and evaluation of `train()`."""
-    agent_fn = functools.partial(
-        agents.dqn_agent, agent_class=dqn_agent.DdqnAgent, fc_layer_params=(128, 128),
-        learning_rate=5e-4, epsilon_greedy=1.0, epsilon_final=0.05, epsilon_decay_steps=1000,
-        # DqnAgent's own arguments (in gin: DqnAgent.n_step_update = 3, ...).
-        agent_kwargs=dict(n_step_update=3, target_update_tau=0.005,
-                          td_errors_loss_fn=common.element_wise_squared_loss))
     result = trainer.train(
-        root_dir, env_name="CartPole-v0", agent_fn=agent_fn,
+        root_dir, env_name="CartPole-v0", agent_fn=AGENT_FN,
         replayer_fn=functools.partial(replayers.UniformReplayer, capacity_per_row=3000),
         num_envs=1, env_batch_size=32, unroll_length=8, learn_queue_cap=1,
         initial_collect_steps=1000, train_steps_per_iteration=16, sample_batch_size=64,
         num_env_steps=2000000, eval_interval=250, num_eval_episodes=10,
         stop_at_eval_return=195.0, seed=1)
-    print(f"solved after {result.solved_secs} s; train step {result.global_step}, "
-          f"{result.env_steps} env steps; run again to resume from {root_dir}")
+    if result.stopped_by == "already_finished":
+        return  # train() said so
+    solved = ("not solved" if result.solved_secs is None else
+              f"solved after {result.solved_secs:.1f} s of training")
+    print(f"{solved}; train step {result.global_step}, {result.env_steps} env steps "
+          f"(checkpoint in {root_dir})")
 
 
 class PrintReturn(Hook):
-    """Prints the AverageReturn metric every 50 iterations."""
+    """Prints the collect policy's AverageReturn metric every 25 iterations."""
 
     def after_iteration(self, learner, train_step_before, train_step):
-        if learner.iterations % 50 == 0:
+        if learner.iterations % 25 == 0:
             average_return = by_name(learner.driver.get_metrics())["AverageReturn"].result()
-            print(f"iteration {learner.iterations}: AverageReturn {float(average_return):.1f}")
+            print(f"iteration {learner.iterations}: collect policy AverageReturn "
+                  f"{float(average_return):.1f}")
 
 
-def by_hand(num_iterations=300):
-    """Part 2: the pieces train() wires, built by hand, run by a Learner."""
-    env_constructor = suites.make_env_constructor("suite_gym", "CartPole-v0", batch_size=8,
+def by_hand(num_iterations=150):
+    """Part 2: the pieces train() wires, built by hand, run by a Learner.
+
+    Returns:
+        The greedy policy's average return over 10 episodes at the end.
+    """
+    # Before TF runs any op: one inter-op thread per env and actor thread (the
+    # driver's hint otherwise; alf-async-train: train.inter_op_threads).
+    tf.config.threading.set_inter_op_parallelism_threads(3)
+    env_constructor = suites.make_env_constructor("suite_gym", "CartPole-v0", batch_size=16,
                                                   seed=1)
-    spec_env = suites.load("suite_gym", "CartPole-v0")
-    agent = agents.dqn_agent(spec_env.time_step_spec(), spec_env.action_spec(),
-                             tf.Variable(0, dtype=tf.int64))
-    spec_env.close()
+    eval_env = suites.load("suite_gym", "CartPole-v0", batch_size=10, seed=2)
+    agent = AGENT_FN(eval_env.time_step_spec(), eval_env.action_spec(),
+                     tf.Variable(0, dtype=tf.int64))
     agent.initialize()
-    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=2 * 8,
-                                         capacity_per_row=2000)
-    # Two env threads of 8 CartPoles each; the actor acts with the agent's
+    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=2 * 16,
+                                         capacity_per_row=3000)
+    # Two env threads of 16 CartPoles each; the actor acts with the agent's
     # collect policy, whose variables the learner updates as it trains. Each
-    # run_async() hands one unroll [8 envs, 8 steps] to the replayer.
+    # run_async() hands one unroll [16 envs, 8 steps] to the replayer: 128
+    # env steps, then 8 train steps (the main job's 16 per 256).
     driver = AsyncOffPolicyDriver(env_constructor, agent.collect_policy, num_envs=2,
                                   unroll_length=8, exp_observers=[replayer])
-    learner = Learner(agent, driver, replayer, train_steps_per_iteration=1,
-                      sample_batch_size=64, initial_collect_steps=500, hooks=[PrintReturn()])
-    learner.run(num_iterations=num_iterations)  # stops the driver on every exit path
-    print(f"trained {learner.train_step} steps, last loss {float(learner.loss.loss):.4g}")
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=8,
+                      sample_batch_size=64, initial_collect_steps=1000, hooks=[PrintReturn()])
+    try:
+        learner.run(num_iterations=num_iterations)  # stops the driver on every exit path
+        average_return, _ = Evaluator(eval_env, agent.policy)()
+    finally:
+        eval_env.close()
+    print(f"trained {learner.train_step} steps, last loss {float(learner.loss.loss):.4g}; "
+          f"greedy policy AverageReturn {average_return:.1f} over 10 episodes")
+    return average_return
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root_dir", default="/tmp/alf_async_dqn_cartpole")
     parser.add_argument("--by_hand", action="store_true", help="run part 2 instead")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party output (TensorFlow's banner, gym's notices)")
     args = parser.parse_args()
     if args.by_hand:
         by_hand()

@@ -70,6 +70,7 @@ def test_ray_environments_reach_the_learner(tmp_path):
     ("sac_pendulum.gin", "sac_pendulum_gymnasium.gin"),
 ])
 def test_variant_configs_parse_on_their_base(base, variant):
+    gin.add_config_file_search_path(GIN)  # each variant includes its base (as alf-async-train finds it)
     gin.parse_config_files_and_bindings([os.path.join(GIN, base), os.path.join(GIN, variant)], [])
 
 

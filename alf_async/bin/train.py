@@ -1,61 +1,158 @@
 """alf-async-train: gin files and bindings -> `alf_async.trainer.train()`.
 
     alf-async-train --root_dir runs/dqn_cartpole --gin_file gin_configs/dqn_cartpole.gin \
-        [--gin_file more.gin] [--gin_param 'train.num_iterations=100']
+        [--gin_file more.gin] [--gin_param 'train.num_iterations=100'] [--verbose]
     python -m alf_async.bin.train ...   (the same)
 
-Configuration errors (a missing gin file, an unknown configurable or
-parameter, a value gin cannot parse or `train()` refuses) end the program at
-once, before any thread starts, with one line on stderr naming the file or
-binding, and exit code 2.
+`--help` answers without importing TensorFlow and lists the `train.*`
+bindings with their defaults.
 
-SIGINT / SIGTERM: the loop stops at the end of its iteration, stops the
-driver, writes a checkpoint and exits 0; a second signal interrupts at once
-(KeyboardInterrupt, no checkpoint). An error in any thread exits non-zero
-with the original error after every thread was stopped.
+Configuration errors end the program before any thread starts, with one
+line on stderr (`alf-async-train: error: ...`) naming the file or binding,
+and exit code 2: no `--gin_file`, a missing gin file, a `--root_dir` that is
+a file or cannot be written (checked before TensorFlow is imported), an
+unknown configurable or parameter, a value gin cannot parse or `train()` or
+an agent builder refuses, gin files that leave `train.env_name` or
+`train.agent_fn` unbound, a checkpoint in `--root_dir` this config cannot
+resume. A run that is already finished (its limit reached, or solved)
+says so and exits 0 without starting anything.
+
+Output: third-party start-up noise (TensorFlow's banner, gym's notices,
+deprecation warnings) is silenced unless `--verbose` (see alf_async.quiet).
+
+SIGINT / SIGTERM once training started (train() is running): the loop stops
+at the end of its iteration, stops the driver, writes a checkpoint and
+exits 0; a second signal interrupts at once (no checkpoint at exit, exit
+130). Ctrl-C before that (imports, gin parsing) prints one line and exits
+130. An error in any thread exits non-zero with the original error after
+every thread was stopped.
 """
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
+import tempfile
 import threading
 
-import gin
+from alf_async import quiet
+from alf_async.bin import train_help
 
-# Imported before parsing so every configurable the gin files name is
-# registered (trainer imports the tf-agents agents and networks).
-from alf_async import replayers  # noqa: F401  (registers OneTimeReplayer, UniformReplayer)
-from alf_async import trainer
-from alf_async.environments import suites  # noqa: F401  (registers load, make_env_constructor)
+PROG = "alf-async-train"
+EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130
+INTERRUPTED_BEFORE = f"{PROG}: interrupted before training started; nothing was written"
+INTERRUPTED_DURING = (f"{PROG}: interrupted again while stopping: no checkpoint at exit "
+                      f"(the latest one in ROOT_DIR/train is kept)")
+# Bindings every run needs; an overlay gin file alone leaves them unbound.
+REQUIRED_BINDINGS = ("train.env_name", "train.agent_fn")
+
+
+class ConfigError(ValueError):
+    """A configuration error found by the CLI: one line, exit 2."""
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="alf-async-train",
-        description="Asynchronous off-policy training with tf-agents, configured by gin.")
+        prog=PROG,
+        description="Asynchronous off-policy training with tf-agents, configured by gin.",
+        epilog=train_help.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root_dir", required=True,
                         help="run directory: checkpoints, summaries, operative config; "
                              "running again on it resumes")
     parser.add_argument("--gin_file", action="append", default=[],
-                        help="a gin config file (repeatable; later files override earlier)")
+                        help="a gin config file (at least one; repeatable, later files "
+                             "override earlier)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="a gin binding, e.g. 'train.num_iterations=100' (repeatable; "
                              "applied after the files)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party output (TensorFlow's banner, gym's notices, "
+                             "deprecation warnings)")
     return parser
 
 
-_one_line = trainer.one_line
+def check_gin_files(gin_files):
+    """Raises ConfigError unless there is at least one gin file and each is readable."""
+    if not gin_files:
+        raise ConfigError("no --gin_file: give at least one, e.g. "
+                          "--gin_file gin_configs/dqn_cartpole.gin")
+    for path in gin_files:
+        if not os.path.isfile(path):
+            raise ConfigError(f"gin file not found: {path}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"gin file not readable: {path}")
+
+
+def check_root_dir(root_dir):
+    """Raises ConfigError unless `root_dir` is, or can be created as, a writable directory.
+
+    Nothing is created: an existing directory (or, for a new one, its
+    nearest existing parent) must take a file.
+    """
+    path = os.path.abspath(os.path.expanduser(root_dir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--root_dir {root_dir} is a file, not a directory")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"--root_dir {root_dir} cannot be created: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        what = "is not writable" if existing == path else (
+            f"cannot be created: {existing} is not writable")
+        raise ConfigError(f"--root_dir {root_dir} {what} ({e.strerror})") from None
 
 
 def parse_gin(gin_files, gin_params):
-    """Parses the files then the bindings; raises ValueError with one line on any error."""
+    """Parses the files, then each binding; raises ConfigError with one line on any error.
+
+    Each gin file's directory joins gin's search path, so an overlay's
+    `include 'dqn_cartpole.gin'` finds its base beside it.
+    """
+    import gin  # pylint: disable=import-outside-toplevel
+    from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
+    for path in gin_files:
+        directory = os.path.dirname(os.path.abspath(path))
+        if directory not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+            gin.add_config_file_search_path(directory)
+    for path in gin_files:
+        try:
+            gin.parse_config_file(path)
+        except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
+            raise ConfigError(f"gin file {path}: {_gin_error(e, one_line)}") from None
+    for param in gin_params:
+        try:
+            gin.parse_config(param)
+        except Exception as e:  # pylint: disable=broad-except
+            raise ConfigError(f"--gin_param {param!r}: {_gin_error(e, one_line)}") from None
+    unbound = [name for name in REQUIRED_BINDINGS if not _is_bound(gin, name)]
+    if unbound:
+        raise ConfigError(
+            f"{' and '.join(unbound)} not bound by {', '.join(gin_files)}: an overlay gin file "
+            f"needs its base first (or an `include` of it), e.g. "
+            f"--gin_file gin_configs/dqn_cartpole.gin")
+
+
+def _gin_error(error, one_line):
+    """gin's parse error on one line, without Python's "malformed node" part."""
+    text = " | ".join(part for part in one_line(error).split(" | ")
+                      if not part.startswith("malformed node or string"))
+    if "Failed to parse token" in text:
+        text += " (a string value needs quotes)"
+    return text
+
+
+def _is_bound(gin, name):
     try:
-        gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
-    except (OSError, IOError) as e:
-        raise ValueError(f"gin file not found or unreadable: {_one_line(e)}") from None
-    except (ValueError, SyntaxError, TypeError, KeyError) as e:
-        raise ValueError(f"bad gin configuration: {_one_line(e)}") from None
+        gin.query_parameter(name)
+    except ValueError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -84,19 +181,46 @@ def stop_on_signals(stop_event, signals=(signal.SIGINT, signal.SIGTERM)):
             signal.signal(s, h)
 
 
+def _error(message):
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR
+
+
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Runs the CLI; returns the exit code (argparse exits 2 itself on bad flags)."""
+    args = build_parser().parse_args(argv)  # --help and bad flags exit here, without TF
+    training = threading.Event()
+    try:
+        return _run(args, training)
+    except KeyboardInterrupt:
+        print(INTERRUPTED_DURING.replace("ROOT_DIR", args.root_dir) if training.is_set()
+              else INTERRUPTED_BEFORE, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _run(args, training):
+    try:
+        check_gin_files(args.gin_file)
+        check_root_dir(args.root_dir)
+    except ConfigError as e:
+        return _error(e)
+    quiet.quiet(verbose=args.verbose)
+    # Imported only now: --help and the checks above need no TensorFlow.
+    # They register every configurable the gin files name.
+    from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async import trainer  # pylint: disable=import-outside-toplevel
+    from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     try:
         parse_gin(args.gin_file, args.gin_param)
-    except ValueError as e:
-        parser.error(str(e))
+    except ConfigError as e:
+        return _error(e)
     stop_event = threading.Event()
     with stop_on_signals(stop_event):
+        training.set()
         try:
             trainer.train(root_dir=args.root_dir, stop_event=stop_event)
         except trainer.ConfigError as e:
-            parser.error(_one_line(e))
+            return _error(trainer.one_line(e))
     return 0
 
 

@@ -1,0 +1,72 @@
+"""A quiet start: no third-party output before alf_async's own lines.
+
+    from alf_async import quiet
+    quiet.quiet(verbose=False)      # before TensorFlow, tf-agents or gym are imported
+    import tensorflow as tf
+
+Silenced unless `verbose`:
+
+- TensorFlow's C++ start-up banner (oneDNN, CPU features):
+  `TF_CPP_MIN_LOG_LEVEL=2`, unless the environment sets it already;
+- gym's "unmaintained" notice (printed by `import gym` from the
+  gym_notices package);
+- gym's "The environment CartPole-v0 is out of date" UserWarning and other
+  DeprecationWarnings;
+- TensorFlow's Python-side deprecation warnings (tf-agents' "calling foldr_v2
+  with back_prop=False") and absl's (tf-agents' policy saver, TF's
+  SavedModel name sanitizing): the `tensorflow` and `absl` loggers show
+  errors only.
+
+Child processes (SubprocessEnv's fork server and children, spawn) inherit it
+through the environment: `quiet()` sets `ALF_ASYNC_QUIET=1`, and
+`apply_inherited()` (called when the alf_async package is imported, before
+any of its modules imports gym or TensorFlow) applies it there. alf_async's own
+warnings (e.g. the driver's inter-op thread hint) are not silenced.
+"""
+
+import logging
+import os
+import warnings
+
+ENV_VAR = "ALF_ASYNC_QUIET"
+
+
+def quiet(verbose=False):
+    """Silences third-party start-up output in this process and its children.
+
+    Call it before TensorFlow, tf-agents or gym are imported (the C++ banner
+    and gym's notice are printed at import).
+
+    Args:
+        verbose: if True, change nothing (everything is shown) and do not
+            pass quietness on to child processes.
+    """
+    if verbose:
+        os.environ.pop(ENV_VAR, None)
+        return
+    os.environ[ENV_VAR] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _apply()
+
+
+def apply_inherited():
+    """In a child process: be quiet if the parent called `quiet()`."""
+    if os.environ.get(ENV_VAR) == "1":
+        _apply()
+
+
+def _apply():
+    warnings.filterwarnings("ignore", message=r".*is out of date", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        # gym prints gym_notices' notice for its version at import time.
+        from gym_notices import notices
+        notices.notices.clear()
+    except Exception:  # pylint: disable=broad-except  (no gym_notices: nothing to print)
+        pass
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    try:
+        from absl import logging as absl_logging  # a TensorFlow dependency; no TF import
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass

@@ -1,0 +1,196 @@
+"""alf-async-train as a newcomer meets it (issue 15): --help without TensorFlow,
+one-line configuration errors with exit 2 and no traceback, Ctrl-C before
+training. Each runs the real CLI in a subprocess."""
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import pytest
+
+from alf_async.bin import train as train_cli
+from alf_async.bin import train_help
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+GIN = os.path.join(REPO, "gin_configs")
+SMOKE_GIN = os.path.join(GIN, "smoke.gin")
+ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def cli(*args):
+    return [sys.executable, "-m", "alf_async.bin.train"] + list(args)
+
+
+def run(args, timeout=90):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=ENV)
+
+
+def assert_one_error_line(proc, expected):
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [f"alf-async-train: error: {expected}"]
+
+
+# ------------------------------------------------------------------ --help
+
+def test_help_lists_the_train_bindings_without_importing_tensorflow():
+    proc = run(cli("--help"))
+    assert proc.returncode == 0 and proc.stderr == ""
+    for line in ("  train.num_env_steps = None", "  train.env_name = REQUIRED",
+                 "  train.replayer_fn = @UniformReplayer", "  train.inter_op_threads = None",
+                 "  train.sample_batch_size = 64", "  --verbose"):
+        assert line in proc.stdout.splitlines() or any(
+            out.startswith(line) for out in proc.stdout.splitlines()), line
+    probe = run([sys.executable, "-c",
+                 "import sys\n"
+                 "from alf_async.bin import train\n"
+                 "try:\n    train.main(['--help'])\nexcept SystemExit as e:\n"
+                 "    assert e.code == 0\n"
+                 "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                 "('tensorflow', 'tf_agents', 'gym', 'gin')))\n"])
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_help_table_is_the_real_signature():
+    from alf_async import trainer  # imports TensorFlow: the table must match it
+    signature = inspect.signature(trainer.train).parameters
+    rows = train_help.train_bindings()
+    assert [name for name, _, _ in rows] == [
+        name for name in signature if name not in train_help.NOT_BINDINGS]
+    for name, default, description in rows:
+        real = signature[name].default
+        assert description, name
+        if default == "REQUIRED":
+            assert real is gin.REQUIRED, name
+        elif default.startswith("@"):
+            assert real.__name__ == default[1:], name
+        else:
+            assert eval(default) == real, name  # pylint: disable=eval-used
+
+
+# ------------------------------------------------------------------ config errors
+
+def test_no_gin_file(tmp_path):
+    assert_one_error_line(
+        run(cli("--root_dir", str(tmp_path))),
+        "no --gin_file: give at least one, e.g. --gin_file gin_configs/dqn_cartpole.gin")
+
+
+def test_missing_gin_file(tmp_path):
+    missing = str(tmp_path / "nope.gin")
+    assert_one_error_line(run(cli("--root_dir", str(tmp_path), "--gin_file", missing)),
+                          f"gin file not found: {missing}")
+
+
+def test_root_dir_that_is_a_file(tmp_path):
+    path = tmp_path / "run"
+    path.write_text("")
+    assert_one_error_line(run(cli("--root_dir", str(path), "--gin_file", SMOKE_GIN)),
+                          f"--root_dir {path} is a file, not a directory")
+
+
+def test_root_dir_under_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "run"
+    assert_one_error_line(run(cli("--root_dir", str(path), "--gin_file", SMOKE_GIN)),
+                          f"--root_dir {path} cannot be created: {tmp_path / 'file'} is a file")
+
+
+def test_root_dir_that_cannot_be_written():
+    # /proc takes no new files, even for root (a chmod'ed directory would not stop root).
+    path = "/proc/alf_async_no_such_run"
+    proc = run(cli("--root_dir", path, "--gin_file", SMOKE_GIN))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"alf-async-train: error: --root_dir {path} cannot be created: "
+                           f"/proc is not writable (")
+
+
+@pytest.mark.parametrize("param, expected", [
+    ("dqn_agent.learning_rate = 'fast'",
+     "dqn_agent.learning_rate must be a number > 0, got 'fast'"),
+    ("dqn_agent.fc_layer_params = (-5,)",
+     "dqn_agent.fc_layer_params must be a tuple of layer sizes (ints >= 1), got (-5,)"),
+    ("train.num_envs = two",
+     "--gin_param 'train.num_envs = two': Failed to parse token 'two' (line 1) "
+     "(a string value needs quotes)"),
+    ("train.inter_op_threads = 0", "train.inter_op_threads must be None or an int >= 1, got 0"),
+])
+def test_bad_values_name_their_binding(tmp_path, param, expected):
+    proc = run(cli("--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN, "--gin_param", param))
+    assert_one_error_line(proc, expected)
+    assert os.listdir(tmp_path) == []
+
+
+def test_gin_files_without_the_required_bindings(tmp_path):
+    overlay = tmp_path / "my_overlay.gin"
+    overlay.write_text("train.num_envs = 4\n")
+    proc = run(cli("--root_dir", str(tmp_path / "run"), "--gin_file", str(overlay)))
+    assert_one_error_line(
+        proc, f"train.env_name and train.agent_fn not bound by {overlay}: an overlay gin file "
+              f"needs its base first (or an `include` of it), e.g. "
+              f"--gin_file gin_configs/dqn_cartpole.gin")
+
+
+@pytest.mark.parametrize("overlay, base", [
+    ("dqn_cartpole_subprocess.gin", "dqn_cartpole.gin"),
+    ("dqn_cartpole_ray.gin", "dqn_cartpole.gin"),
+    ("dqn_cartpole_gymnasium.gin", "dqn_cartpole.gin"),
+    ("sac_pendulum_subprocess.gin", "sac_pendulum.gin"),
+    ("sac_pendulum_gymnasium.gin", "sac_pendulum.gin"),
+])
+def test_an_overlay_alone_is_its_base_plus_the_overlay(overlay, base, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the include is found beside the overlay, from anywhere
+    gin.clear_config()
+    try:
+        train_cli.parse_gin([os.path.join(GIN, base)], [])
+        expected = gin.config_str()
+        gin.clear_config()
+        train_cli.parse_gin([os.path.join(GIN, base), os.path.join(GIN, overlay)], [])
+        both = gin.config_str()
+        gin.clear_config()
+        train_cli.parse_gin([os.path.join(GIN, overlay)], [])
+        alone = gin.config_str()
+    finally:
+        gin.clear_config()
+    assert alone == both != expected
+
+
+# ------------------------------------------------------------------ Ctrl-C before training
+
+def test_ctrl_c_during_the_imports_exits_130_with_one_line(tmp_path):
+    proc = subprocess.Popen(cli("--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        # TensorFlow's library is mapped: the CLI is inside `import tensorflow`.
+        while "libtensorflow" not in _maps(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    assert err.splitlines() == [train_cli.INTERRUPTED_BEFORE]
+    assert out == "" and os.listdir(tmp_path) == []
+
+
+def _maps(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
