@@ -5,8 +5,8 @@ policy, QNetwork 64x64 on CartPole's specs, 2 actor queues) and a learner
 thread that takes every batch (no training: this measures serving). For 1,
 4 and 16 concurrent clients, a separate client process (remote inference,
 no TensorFlow in it) runs that many threads, each playing episodes of
-`--steps` steps: start_episode, then get_action + log_returns per step,
-end_episode. Latency is the get_action round trip as the client sees it.
+`--steps` steps: start_episode, then per step one get_action carrying the
+previous step's reward (the combined request), log_returns + end_episode. Latency is the get_action round trip as the client sees it.
 
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16]
 
@@ -46,15 +46,17 @@ def client_worker(address, num_clients, seconds, steps):
                 while time.monotonic() < deadline:
                     eid = client.start_episode()
                     count += 1
+                    reward = None
                     for _ in range(steps):
                         obs = rng.uniform(-0.05, 0.05, 4).tolist()
                         start = time.perf_counter()
-                        client.get_action(eid, obs)
+                        client.get_action(eid, obs, reward=reward)
                         mine.append(time.perf_counter() - start)
-                        client.log_returns(eid, 1.0)
-                        count += 2
+                        reward = 1.0   # the step's reward rides on the next get_action
+                        count += 1
+                    client.log_returns(eid, reward)
                     client.end_episode(eid, obs)
-                    count += 1
+                    count += 2
         except Exception as e:  # pylint: disable=broad-except
             errors.append(repr(e))
         with lock:

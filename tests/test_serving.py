@@ -231,6 +231,72 @@ def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(serve
     client.close()
 
 
+class CountingClient(PolicyClient):
+    """A PolicyClient that counts its HTTP requests (round trips)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.requests = 0
+
+    def request(self, *args, **kwargs):
+        self.requests += 1
+        return super().request(*args, **kwargs)
+
+
+def wait_for_batches(served, n, seconds=20):
+    deadline = time.monotonic() + seconds
+    while len(served.batches) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(served.batches) >= n
+
+
+def test_get_action_with_a_reward_logs_it_and_acts_in_one_round_trip(served):
+    client = CountingClient(served.server.address)
+    for e in range(2):
+        eid = client.start_episode()
+        # A reward before the first action is refused as log_returns refuses
+        # it, and nothing is queued: the episode starts cleanly after.
+        with pytest.raises(protocol.ServerValueError, match="before its first action"):
+            client.get_action(eid, [e, 0], reward=9.0)
+        with pytest.raises(protocol.BadRequestError, match="reward must be a number"):
+            client.call("get_action", episode_id=eid, observation=[e, 0], reward="x")
+        assert client.get_action(eid, [e, 0]) == policy_action(e, 0)
+        assert client.get_action(eid, [e, 1], reward=0.5) == policy_action(e, 1)
+        assert client.get_action(eid, [e, 2], reward=1.5) == policy_action(e, 2)
+        client.log_returns(eid, 3.0)
+        client.end_episode(eid, [e, 3])
+    # Per episode: start, two refusals, three get_action, log_returns, end.
+    assert client.requests == 2 * 8
+    wait_for_batches(served, 1)
+    exp = served.batches[0]
+    np.testing.assert_array_equal(exp.observation[0], [[0, 0], [0, 1], [0, 2], [0, 3]])
+    np.testing.assert_array_equal(exp.step_type[0], [0, 1, 1, 2])
+    np.testing.assert_array_equal(exp.reward[0], [0.5, 1.5, 3.0, 0.0])
+    client.close()
+
+
+def test_local_inference_takes_a_reward_with_get_action_too():
+    served = Served(num_envs=1, export=True)
+    try:
+        client = PolicyClient(served.server.address, inference_mode="local",
+                              report_max_events=1000, report_interval=60.0)
+        eid = client.start_episode()
+        actions = [int(client.get_action(eid, [1, 0]))]
+        actions += [int(client.get_action(eid, [1, s], reward=s - 0.5)) for s in (1, 2)]
+        client.log_returns(eid, 3.0)
+        client.end_episode(eid, [1, 3])
+        assert actions == [policy_action(1, s) for s in range(3)]
+        play(client, 2)   # its first step completes episode 1's unroll
+        client.flush()
+        wait_for_batches(served, 1)
+        exp = served.batches[0]
+        np.testing.assert_array_equal(exp.observation[0], [[1, 0], [1, 1], [1, 2], [1, 3]])
+        np.testing.assert_array_equal(exp.reward[0], [0.5, 1.5, 3.0, 0.0])
+        client.close()
+    finally:
+        served.stop()
+
+
 def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
     served = Served(num_envs=1, export=True, weights_refresh_secs=0.0)
     try:
@@ -242,7 +308,7 @@ def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
         served.policy.offset.assign(5)     # the learner changes the policy
         second = [int(a) for a in play(client, 2)]
         assert second == [policy_action(2, s, offset=5) for s in range(3)]
-        assert client._local.policy_updates == 2
+        assert client.policy_updates == 2
         assert not served.batches          # nothing reported yet: one batch at flush
         client.flush()
         deadline = time.monotonic() + 20

@@ -5,7 +5,7 @@ Control is inverted (as in RLlib's ExternalEnv): instead of the driver calling
 a game -- calls
 
     start_episode(episode_id=None, training_enabled=True) -> episode_id
-    get_action(episode_id, observation) -> action          (on-policy: blocks)
+    get_action(episode_id, observation, reward=None) -> action   (on-policy: blocks)
     log_action(episode_id, observation, action)             (off-policy)
     log_returns(episode_id, reward, info=None)
     end_episode(episode_id, observation)
@@ -285,22 +285,29 @@ class ExternalEnv(threading.Thread):
         """
         return self.__table.start_episode(episode_id, training_enabled)
 
-    def get_action(self, episode_id, observation, timeout=None):
+    def get_action(self, episode_id, observation, timeout=None, reward=None):
         """Records an observation and returns the policy's action for it.
 
         Blocks until the policy acted (at most `timeout`, default
         `action_timeout`, seconds).
 
+        `reward`, if given, is first added to the return of the episode's
+        previous action, exactly as `log_returns(episode_id, reward)` would
+        (checked the same way; a refused call changes nothing): the usual
+        step -- reward of the last action, next observation -- is then one
+        call, one HTTP round trip for a PolicyClient.
+
         Returns:
             The action, a nest of numpy values like the action spec.
 
         Raises:
-            ValueError: unknown or finished episode, or an observation that
-                does not match the spec (then nothing is queued).
+            ValueError: unknown or finished episode, an observation that
+                does not match the spec, or a reward that log_returns would
+                refuse (then nothing is queued or added).
             TimeoutError: no action in time (the episode is then closed).
             ExternalEnvStoppedError: the env was stopped.
         """
-        return self.__table.get_action(episode_id, observation, timeout)
+        return self.__table.get_action(episode_id, observation, timeout, reward)
 
     def log_action(self, episode_id, observation, action, timeout=None):
         """Records an observation and the action the caller took (off-policy).
