@@ -1,12 +1,14 @@
 """Policy serving on loopback: get_action round-trip latency and requests/s.
 
 One process runs a PolicyServerEnv with 16 slots, the driver (a DQN collect
-policy, QNetwork 64x64 on CartPole's specs, 2 actor queues) and a learner
-thread that takes every batch (no training: this measures serving). For 1,
-4 and 16 concurrent clients, a separate client process (remote inference,
-no TensorFlow in it) runs that many threads, each playing episodes of
-`--steps` steps: start_episode, then per step one get_action carrying the
-previous step's reward (the combined request), log_returns + end_episode. Latency is the get_action round trip as the client sees it.
+policy, QNetwork 64x64 on CartPole's specs, 2 actor queues of 8 slots each,
+dynamically batched) and a learner thread that takes every batch (no
+training: this measures serving). For 1, 4 and 16 concurrent clients, a
+separate client process (remote inference, no TensorFlow in it) runs that
+many threads, each playing episodes of `--steps` steps: start_episode, then
+per step one get_action carrying the previous step's reward (the combined
+request), then log_returns + end_episode. Latency is the get_action round
+trip as the client sees it.
 
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16]
 
@@ -114,7 +116,8 @@ def serve_and_measure(client_counts, seconds, steps):
                                optimizer=tf.keras.optimizers.Adam(1e-3))
     agent.initialize()
     driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=SLOTS, num_actor_queues=2, actor_queue_cap=1,
+                                  num_envs=SLOTS, num_actor_queues=2,
+                                  actor_queue_cap=SLOTS // 2,   # batch whatever slots wait
                                   unroll_length=16, learn_queue_cap=1)
 
     # A learner without an agent: it takes every batch; it starts the driver.

@@ -297,6 +297,90 @@ def test_local_inference_takes_a_reward_with_get_action_too():
         served.stop()
 
 
+@pytest.mark.parametrize("served", [dict(num_envs=1, learn=False, max_concurrent=1,
+                                         max_pending_steps=8, action_timeout=40.0)],
+                         indirect=True)
+def test_a_slow_learner_makes_fast_clients_wait_and_loses_nothing(served):
+    """Back-pressure, not dropping: the queued steps stay bounded, clients
+    block (start_episode beyond max_concurrent gets 429), and every step a
+    client logged reaches the learner, in order, once it catches up."""
+    server = served.server
+    client = PolicyClient(server.address)
+    eid = client.start_episode()
+    done, caught, pending = [], [], []
+
+    def fast_client():
+        try:
+            for s in range(40):
+                client.log_action(eid, [0, s], 500 + s)
+                done.append(s)
+            client.end_episode(eid, [0, 40])
+        except Exception as e:  # pylint: disable=broad-except
+            caught.append(e)
+
+    t = threading.Thread(target=fast_client)
+    t.start()
+    # Nobody learns: the learn queue holds one unroll and the slot's env
+    # thread blocks on the second (steps 1-8 taken after the FIRST, step 0);
+    # then 8 steps (max_pending_steps) queue and the 18th log_action blocks.
+    deadline = time.monotonic() + 20
+    while len(done) < 17 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for _ in range(10):
+        time.sleep(0.05)
+        pending.append(server.num_pending_steps)
+        assert len(done) == 17 and not caught
+    assert pending == [8] * 10
+    with pytest.raises(protocol.TooManyEpisodesServerError) as info:
+        PolicyClient(server.address).start_episode()
+    assert info.value.status == 429
+    # A slow learner: one batch at a time, with pauses; the queued steps
+    # never exceed their bound while the client catches up.
+    batches = []
+    for _ in range(10):
+        exp, _, _ = served.driver.get_training_exps()
+        batches.append(numpy(exp))
+        pending.append(server.num_pending_steps)
+        time.sleep(0.05)
+    t.join(20)
+    assert not t.is_alive() and not caught and done == list(range(40))
+    assert max(pending) == 8
+    observations = np.concatenate([b.observation[0] for b in batches])
+    np.testing.assert_array_equal(observations, [[0, s] for s in range(40)])
+    np.testing.assert_array_equal(np.concatenate([b.action[0] for b in batches]),
+                                  [500 + s for s in range(40)])
+    client.close()
+
+
+def test_one_connection_serves_every_request_of_a_client(served):
+    """Keep-alive: the server leaves the connection open after each answer,
+    errors included, and answers with a complete HTTP/1.1 response."""
+    parts = urllib.parse.urlsplit(served.server.address)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        sockets, answers = [], []
+        for command in ({"command": "start_episode", "episode_id": "ka"},
+                        {"command": "get_action", "episode_id": "ka", "observation": [3, 0]},
+                        {"command": "get_action", "episode_id": "nope", "observation": [3, 0]},
+                        {"command": "get_action", "episode_id": "ka", "observation": [3, 1],
+                         "reward": 1.0}):
+            conn.request("POST", protocol.COMMAND_PATH, body=json.dumps(command),
+                         headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answers.append((response.status, json.loads(response.read())))
+            assert not response.will_close and response.version == 11
+            assert response.getheader("Content-Type") == "application/json"
+            assert response.getheader("Date", "").endswith(" GMT")
+            sockets.append(conn.sock)
+        assert all(sock is sockets[0] for sock in sockets)
+        assert answers[0] == (200, {"episode_id": "ka"})
+        assert answers[1] == (200, {"action": policy_action(3, 0)})
+        assert answers[2][0] == 400 and answers[2][1]["error"]["type"] == "ValueError"
+        assert answers[3] == (200, {"action": policy_action(3, 1)})
+    finally:
+        conn.close()
+
+
 def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
     served = Served(num_envs=1, export=True, weights_refresh_secs=0.0)
     try:

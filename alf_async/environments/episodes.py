@@ -206,6 +206,12 @@ class EpisodeTable(object):
         with self._lock:
             return len(self._episodes)
 
+    @property
+    def num_pending_steps(self):
+        """Steps clients queued that no slot has taken yet, over all episodes."""
+        with self._lock:
+            return sum(len(ep.events) for ep in self._episodes.values())
+
     def add_slot(self, make_slot):
         """Registers the slot `make_slot(index)` builds (a driver's env constructor)."""
         with self._lock:
