@@ -1,14 +1,17 @@
 """Policy serving on loopback: get_action round-trip latency and requests/s.
 
-One process runs a PolicyServerEnv with 16 slots, the driver (a DQN collect
-policy, QNetwork 64x64 on CartPole's specs, 2 actor queues) and a learner
-thread that takes every batch (no training: this measures serving). For 1,
-4 and 16 concurrent clients, a separate client process (remote inference,
-no TensorFlow in it) runs that many threads, each playing episodes of
-`--steps` steps: start_episode, then get_action + log_returns per step,
-end_episode. Latency is the get_action round trip as the client sees it.
+One process runs a PolicyServerEnv with 16 slots (`--slots`; at least the
+most clients), the driver (a DQN collect policy, QNetwork 64x64 on
+CartPole's specs, 2 actor queues of half the slots each, dynamically
+batched) and a learner thread that takes every batch (no
+training: this measures serving). For 1, 4 and 16 concurrent clients, a
+separate client process (remote inference, no TensorFlow in it) runs that
+many threads, each playing episodes of `--steps` steps: start_episode, then
+per step one get_action carrying the previous step's reward (the combined
+request), then log_returns + end_episode. Latency is the get_action round
+trip as the client sees it.
 
-    python benchmarks/serving.py [--seconds 8] [--clients 1,4,16]
+    python benchmarks/serving.py [--seconds 8] [--clients 1,4,16] [--slots N]
 
 Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
 requests/s (all commands), client threads that failed (should be 0).
@@ -24,7 +27,6 @@ import time
 
 import numpy as np
 
-SLOTS = 16
 
 
 # ---------------------------------------------------------------- clients
@@ -46,15 +48,17 @@ def client_worker(address, num_clients, seconds, steps):
                 while time.monotonic() < deadline:
                     eid = client.start_episode()
                     count += 1
+                    reward = None
                     for _ in range(steps):
                         obs = rng.uniform(-0.05, 0.05, 4).tolist()
                         start = time.perf_counter()
-                        client.get_action(eid, obs)
+                        client.get_action(eid, obs, reward=reward)
                         mine.append(time.perf_counter() - start)
-                        client.log_returns(eid, 1.0)
-                        count += 2
+                        reward = 1.0   # the step's reward rides on the next get_action
+                        count += 1
+                    client.log_returns(eid, reward)
                     client.end_episode(eid, obs)
-                    count += 1
+                    count += 2
         except Exception as e:  # pylint: disable=broad-except
             errors.append(repr(e))
         with lock:
@@ -91,7 +95,7 @@ def run_clients(address, num_clients, seconds, steps):
 # ----------------------------------------------------------------- server
 
 
-def serve_and_measure(client_counts, seconds, steps):
+def serve_and_measure(client_counts, seconds, steps, slots):
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
@@ -105,14 +109,15 @@ def serve_and_measure(client_counts, seconds, steps):
     env = gym.make("CartPole-v0")
     action_spec, observation_spec = specs_from_gym(env.action_space, env.observation_space)
     env.close()
-    server = PolicyServerEnv(action_spec, observation_spec, max_concurrent=4 * SLOTS)
+    server = PolicyServerEnv(action_spec, observation_spec, max_concurrent=4 * slots)
     q_net = q_network.QNetwork(server.time_step_spec().observation, server.action_spec(),
                                fc_layer_params=(64, 64))
     agent = dqn_agent.DqnAgent(server.time_step_spec(), server.action_spec(), q_network=q_net,
                                optimizer=tf.keras.optimizers.Adam(1e-3))
     agent.initialize()
     driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=SLOTS, num_actor_queues=2, actor_queue_cap=1,
+                                  num_envs=slots, num_actor_queues=2,
+                                  actor_queue_cap=slots // 2,   # batch whatever slots wait
                                   unroll_length=16, learn_queue_cap=1)
 
     # A learner without an agent: it takes every batch; it starts the driver.
@@ -122,7 +127,7 @@ def serve_and_measure(client_counts, seconds, steps):
     rows = []
     try:
         # Warm-up: every slot's env thread traces its graph loop on its first episode.
-        warm = run_clients(server.address, SLOTS, 3.0, steps)
+        warm = run_clients(server.address, slots, 3.0, steps)
         if warm["errors"]:
             print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
         for n in client_counts:
@@ -145,6 +150,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=8.0, help="per client count")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--steps", type=int, default=50, help="steps per episode")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="driver slots (num_envs); default max(16, most clients)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -152,10 +159,11 @@ def main():
         client_worker(args.address, int(args.clients), args.seconds, args.steps)
         return
     counts = [int(c) for c in args.clients.split(",")]
-    if max(counts) > SLOTS:
-        parser.error(f"at most {SLOTS} clients (one slot each)")
-    rows = serve_and_measure(counts, args.seconds, args.steps)
-    print(f"\nget_action round trip on loopback ({SLOTS} slots, remote inference, "
+    slots = args.slots or max(16, max(counts))
+    if max(counts) > slots:
+        parser.error(f"at most {slots} clients (one slot each)")
+    rows = serve_and_measure(counts, args.seconds, args.steps, slots)
+    print(f"\nget_action round trip on loopback ({slots} slots, remote inference, "
           f"{args.seconds:g} s per row, episodes of {args.steps} steps):\n")
     print("| clients | get_action p50 (ms) | get_action p99 (ms) | get_action/s | requests/s "
           "| client errors |")

@@ -231,6 +231,156 @@ def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(serve
     client.close()
 
 
+class CountingClient(PolicyClient):
+    """A PolicyClient that counts its HTTP requests (round trips)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.requests = 0
+
+    def request(self, *args, **kwargs):
+        self.requests += 1
+        return super().request(*args, **kwargs)
+
+
+def wait_for_batches(served, n, seconds=20):
+    deadline = time.monotonic() + seconds
+    while len(served.batches) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(served.batches) >= n
+
+
+def test_get_action_with_a_reward_logs_it_and_acts_in_one_round_trip(served):
+    client = CountingClient(served.server.address)
+    for e in range(2):
+        eid = client.start_episode()
+        # A reward before the first action is refused as log_returns refuses
+        # it, and nothing is queued: the episode starts cleanly after.
+        with pytest.raises(protocol.ServerValueError, match="before its first action"):
+            client.get_action(eid, [e, 0], reward=9.0)
+        with pytest.raises(protocol.BadRequestError, match="reward must be a number"):
+            client.call("get_action", episode_id=eid, observation=[e, 0], reward="x")
+        assert client.get_action(eid, [e, 0]) == policy_action(e, 0)
+        assert client.get_action(eid, [e, 1], reward=0.5) == policy_action(e, 1)
+        assert client.get_action(eid, [e, 2], reward=1.5) == policy_action(e, 2)
+        client.log_returns(eid, 3.0)
+        client.end_episode(eid, [e, 3])
+    # Per episode: start, two refusals, three get_action, log_returns, end.
+    assert client.requests == 2 * 8
+    wait_for_batches(served, 1)
+    exp = served.batches[0]
+    np.testing.assert_array_equal(exp.observation[0], [[0, 0], [0, 1], [0, 2], [0, 3]])
+    np.testing.assert_array_equal(exp.step_type[0], [0, 1, 1, 2])
+    np.testing.assert_array_equal(exp.reward[0], [0.5, 1.5, 3.0, 0.0])
+    client.close()
+
+
+def test_local_inference_takes_a_reward_with_get_action_too():
+    served = Served(num_envs=1, export=True)
+    try:
+        client = PolicyClient(served.server.address, inference_mode="local",
+                              report_max_events=1000, report_interval=60.0)
+        eid = client.start_episode()
+        actions = [int(client.get_action(eid, [1, 0]))]
+        actions += [int(client.get_action(eid, [1, s], reward=s - 0.5)) for s in (1, 2)]
+        client.log_returns(eid, 3.0)
+        client.end_episode(eid, [1, 3])
+        assert actions == [policy_action(1, s) for s in range(3)]
+        play(client, 2)   # its first step completes episode 1's unroll
+        client.flush()
+        wait_for_batches(served, 1)
+        exp = served.batches[0]
+        np.testing.assert_array_equal(exp.observation[0], [[1, 0], [1, 1], [1, 2], [1, 3]])
+        np.testing.assert_array_equal(exp.reward[0], [0.5, 1.5, 3.0, 0.0])
+        client.close()
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=1, learn=False, max_concurrent=1,
+                                         max_pending_steps=8, action_timeout=40.0)],
+                         indirect=True)
+def test_a_slow_learner_makes_fast_clients_wait_and_loses_nothing(served):
+    """Back-pressure, not dropping: the queued steps stay bounded, clients
+    block (start_episode beyond max_concurrent gets 429), and every step a
+    client logged reaches the learner, in order, once it catches up."""
+    server = served.server
+    client = PolicyClient(server.address)
+    eid = client.start_episode()
+    done, caught, pending = [], [], []
+
+    def fast_client():
+        try:
+            for s in range(40):
+                client.log_action(eid, [0, s], 500 + s)
+                done.append(s)
+            client.end_episode(eid, [0, 40])
+        except Exception as e:  # pylint: disable=broad-except
+            caught.append(e)
+
+    t = threading.Thread(target=fast_client)
+    t.start()
+    # Nobody learns: the learn queue holds one unroll and the slot's env
+    # thread blocks on the second (steps 1-8 taken after the FIRST, step 0);
+    # then 8 steps (max_pending_steps) queue and the 18th log_action blocks.
+    deadline = time.monotonic() + 20
+    while len(done) < 17 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for _ in range(10):
+        time.sleep(0.05)
+        pending.append(server.num_pending_steps)
+        assert len(done) == 17 and not caught
+    assert pending == [8] * 10
+    with pytest.raises(protocol.TooManyEpisodesServerError) as info:
+        PolicyClient(server.address).start_episode()
+    assert info.value.status == 429
+    # A slow learner: one batch at a time, with pauses; the queued steps
+    # never exceed their bound while the client catches up.
+    batches = []
+    for _ in range(10):
+        exp, _, _ = served.driver.get_training_exps()
+        batches.append(numpy(exp))
+        pending.append(server.num_pending_steps)
+        time.sleep(0.05)
+    t.join(20)
+    assert not t.is_alive() and not caught and done == list(range(40))
+    assert max(pending) == 8
+    observations = np.concatenate([b.observation[0] for b in batches])
+    np.testing.assert_array_equal(observations, [[0, s] for s in range(40)])
+    np.testing.assert_array_equal(np.concatenate([b.action[0] for b in batches]),
+                                  [500 + s for s in range(40)])
+    client.close()
+
+
+def test_one_connection_serves_every_request_of_a_client(served):
+    """Keep-alive: the server leaves the connection open after each answer,
+    errors included, and answers with a complete HTTP/1.1 response."""
+    parts = urllib.parse.urlsplit(served.server.address)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        sockets, answers = [], []
+        for command in ({"command": "start_episode", "episode_id": "ka"},
+                        {"command": "get_action", "episode_id": "ka", "observation": [3, 0]},
+                        {"command": "get_action", "episode_id": "nope", "observation": [3, 0]},
+                        {"command": "get_action", "episode_id": "ka", "observation": [3, 1],
+                         "reward": 1.0}):
+            conn.request("POST", protocol.COMMAND_PATH, body=json.dumps(command),
+                         headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answers.append((response.status, json.loads(response.read())))
+            assert not response.will_close and response.version == 11
+            assert response.getheader("Content-Type") == "application/json"
+            assert response.getheader("Date", "").endswith(" GMT")
+            sockets.append(conn.sock)
+        assert all(sock is sockets[0] for sock in sockets)
+        assert answers[0] == (200, {"episode_id": "ka"})
+        assert answers[1] == (200, {"action": policy_action(3, 0)})
+        assert answers[2][0] == 400 and answers[2][1]["error"]["type"] == "ValueError"
+        assert answers[3] == (200, {"action": policy_action(3, 1)})
+    finally:
+        conn.close()
+
+
 def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
     served = Served(num_envs=1, export=True, weights_refresh_secs=0.0)
     try:
@@ -242,7 +392,7 @@ def test_local_inference_pulls_the_policy_and_reports_its_own_actions():
         served.policy.offset.assign(5)     # the learner changes the policy
         second = [int(a) for a in play(client, 2)]
         assert second == [policy_action(2, s, offset=5) for s in range(3)]
-        assert client._local.policy_updates == 2
+        assert client.policy_updates == 2
         assert not served.batches          # nothing reported yet: one batch at flush
         client.flush()
         deadline = time.monotonic() + 20

@@ -4,7 +4,7 @@ used by the episode table (episodes.py), the policy server and its protocol,
 and both the remote and the local-inference PolicyClient.
 
     start_episode(episode_id=None, training_enabled=True) -> episode_id
-    get_action(episode_id, observation) -> action
+    get_action(episode_id, observation, reward=None) -> action
     log_action(episode_id, observation, action)
     log_returns(episode_id, reward, info=None)
     end_episode(episode_id, observation)
@@ -27,7 +27,9 @@ Method = collections.namedtuple("Method", ["required", "optional", "result"])
 # name -> (required arguments, optional arguments, key of the result or None)
 METHODS = {
     "start_episode": Method((), ("episode_id", "training_enabled"), "episode_id"),
-    "get_action": Method(("episode_id", "observation"), (), "action"),
+    # `reward`: log_returns(episode_id, reward) and get_action in one call
+    # (one round trip per step for a served client; see EpisodeTable.get_action).
+    "get_action": Method(("episode_id", "observation"), ("reward",), "action"),
     "log_action": Method(("episode_id", "observation", "action"), (), None),
     "log_returns": Method(("episode_id", "reward"), ("info",), None),
     "end_episode": Method(("episode_id", "observation"), (), None),

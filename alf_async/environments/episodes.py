@@ -206,6 +206,12 @@ class EpisodeTable(object):
         with self._lock:
             return len(self._episodes)
 
+    @property
+    def num_pending_steps(self):
+        """Steps clients queued that no slot has taken yet, over all episodes."""
+        with self._lock:
+            return sum(len(ep.events) for ep in self._episodes.values())
+
     def add_slot(self, make_slot):
         """Registers the slot `make_slot(index)` builds (a driver's env constructor)."""
         with self._lock:
@@ -236,13 +242,16 @@ class EpisodeTable(object):
                                                   time.monotonic())
         return episode_id
 
-    def get_action(self, episode_id, observation, timeout=None):
-        """See ExternalEnv.get_action."""
+    def get_action(self, episode_id, observation, timeout=None, reward=None):
+        """See ExternalEnv.get_action (`reward`: log_returns first, under the same lock)."""
         obs = check_nest(observation, self.observation_array_spec, "observation")
+        r = None if reward is None else check_reward(reward)
         reply = _Reply()
         deadline = self._deadline(timeout)
         with self._lock:
             ep = self._get(episode_id)
+            if r is not None:
+                self._add_reward_locked(ep, r, None)
             self._enqueue(ep, _Event(_ACT, obs, None, reply), deadline, "get_action")
             self._wait(ep, lambda: reply.done, deadline, "get_action")
             return reply.action
@@ -260,14 +269,16 @@ class EpisodeTable(object):
         """See ExternalEnv.log_returns."""
         r = check_reward(reward)
         with self._lock:
-            ep = self._get(episode_id)
-            if not ep.acted:
-                raise ValueError(f"log_returns for episode {episode_id!r} before its first "
-                                 f"action: a reward belongs to the action before it")
-            ep.cur_reward += r
-            if info:
-                ep.last_info = info
-            ep.last_seen = time.monotonic()
+            self._add_reward_locked(self._get(episode_id), r, info)
+
+    def _add_reward_locked(self, ep, r, info):
+        if not ep.acted:
+            raise ValueError(f"log_returns for episode {ep.id!r} before its first "
+                             f"action: a reward belongs to the action before it")
+        ep.cur_reward += r
+        if info:
+            ep.last_info = info
+        ep.last_seen = time.monotonic()
 
     def end_episode(self, episode_id, observation, timeout=None):
         """See ExternalEnv.end_episode."""

@@ -5,7 +5,7 @@ Control is inverted (as in RLlib's ExternalEnv): instead of the driver calling
 a game -- calls
 
     start_episode(episode_id=None, training_enabled=True) -> episode_id
-    get_action(episode_id, observation) -> action          (on-policy: blocks)
+    get_action(episode_id, observation, reward=None) -> action   (on-policy: blocks)
     log_action(episode_id, observation, action)             (off-policy)
     log_returns(episode_id, reward, info=None)
     end_episode(episode_id, observation)
@@ -42,8 +42,11 @@ stream of tf-agents time steps:
     end_episode(o2)            -->  step(a1): returns LAST(o2, reward, discount 0)
     (next episode)             -->  step(ignored) returns FIRST of the next one
 
-With slots that wait for clients, use `actor_queue_cap=1` (an actor waiting
-for several env threads would wait for several clients at once). One
+Give the actors a large `actor_queue_cap` (e.g. `num_envs // num_actor_queues`):
+actors batch dynamically, i.e. take whichever slots' requests are waiting and
+never wait for a slot whose client is slow, so a large cap only lets one
+forward pass serve many clients (cap 1 means one forward pass per client
+step: ~600 get_action/s for 16 clients in benchmarks/serving.py). One
 ExternalEnv serves one driver: stopping the driver stops it.
 
 Logged actions and training_enabled=False
@@ -101,6 +104,25 @@ What blocks, and how it ends
   then ends with that exception.
 - An episode without any call for `episode_idle_timeout` seconds (a client
   that vanished) is closed: its slot serves other episodes again.
+
+Memory under load: back-pressure, never dropping
+------------------------------------------------
+When clients produce experience faster than the learner takes it, nothing
+grows and nothing already accepted is dropped: the learn queue is a bounded
+TF queue, so the env threads block on it, so the slots stop taking steps,
+so clients wait -- `get_action` for its action, `log_action` once its
+episode has `max_pending_steps` steps queued, `start_episode` is refused
+(TooManyEpisodesError; 429 from a policy server) beyond `max_concurrent`
+open episodes. What the process holds is therefore bounded by
+`max_concurrent * max_pending_steps` queued steps (`num_pending_steps`),
+one unroll per slot and the driver's bounded queues. (RLlib's sampler queue
+grew without bound instead: ray-project/ray#30139.) Dropping was rejected:
+it would silently bias the data toward whatever arrives when the learner
+is idle, and a served client cannot tell that its steps were lost. The
+client sees the pressure as latency; a wait beyond `action_timeout` closes
+the episode (TimeoutError, 504; its still-queued steps are dropped, as for
+a vanished client), so set `action_timeout` above the learner's longest
+pause.
 """
 
 import threading
@@ -285,22 +307,29 @@ class ExternalEnv(threading.Thread):
         """
         return self.__table.start_episode(episode_id, training_enabled)
 
-    def get_action(self, episode_id, observation, timeout=None):
+    def get_action(self, episode_id, observation, timeout=None, reward=None):
         """Records an observation and returns the policy's action for it.
 
         Blocks until the policy acted (at most `timeout`, default
         `action_timeout`, seconds).
 
+        `reward`, if given, is first added to the return of the episode's
+        previous action, exactly as `log_returns(episode_id, reward)` would
+        (checked the same way; a refused call changes nothing): the usual
+        step -- reward of the last action, next observation -- is then one
+        call, one HTTP round trip for a PolicyClient.
+
         Returns:
             The action, a nest of numpy values like the action spec.
 
         Raises:
-            ValueError: unknown or finished episode, or an observation that
-                does not match the spec (then nothing is queued).
+            ValueError: unknown or finished episode, an observation that
+                does not match the spec, or a reward that log_returns would
+                refuse (then nothing is queued or added).
             TimeoutError: no action in time (the episode is then closed).
             ExternalEnvStoppedError: the env was stopped.
         """
-        return self.__table.get_action(episode_id, observation, timeout)
+        return self.__table.get_action(episode_id, observation, timeout, reward)
 
     def log_action(self, episode_id, observation, action, timeout=None):
         """Records an observation and the action the caller took (off-policy).
@@ -404,3 +433,9 @@ class ExternalEnv(threading.Thread):
     @property
     def num_open_episodes(self):
         return self.__table.num_open_episodes
+
+    @property
+    def num_pending_steps(self):
+        """Steps the clients queued that no slot has taken yet (all episodes);
+        at most `max_concurrent * max_pending_steps` (see "Memory under load")."""
+        return self.__table.num_pending_steps

@@ -3,8 +3,14 @@
     client = PolicyClient("http://127.0.0.1:8900", token="s3cret")
     eid = client.start_episode()
     action = client.get_action(eid, obs)
+    while ...:
+        action = client.get_action(eid, obs, reward=reward)   # one round trip per step
     client.log_returns(eid, reward)
     client.end_episode(eid, obs)
+
+`get_action(eid, obs, reward=r)` is `log_returns(eid, r)` then
+`get_action(eid, obs)` in one request (RLlib's PolicyClient has only the
+two separate calls, which this keeps: code written for it runs unchanged).
 
 inference_mode="remote" (default): every call is one HTTP request; the
 server's policy acts (get_action blocks until it did). Needs only the
@@ -109,6 +115,11 @@ class PolicyClient(object):
     def inference_mode(self):
         return self._mode
 
+    @property
+    def policy_updates(self):
+        """(local) Weight refreshes so far that changed the policy; 0 when remote."""
+        return self._local.policy_updates if self._mode == "local" else 0
+
     # ------------------------------------------------------ episode methods
 
     def start_episode(self, episode_id=None, training_enabled=True):
@@ -118,15 +129,27 @@ class PolicyClient(object):
         return self.call("start_episode", episode_id=episode_id,
                          training_enabled=bool(training_enabled))["episode_id"]
 
-    def get_action(self, episode_id, observation):
+    def get_action(self, episode_id, observation, reward=None):
         """The policy's action for `observation`.
 
-        Remote: the action as decoded JSON (a number, or nested lists and
-        objects following the action spec). Local: numpy arrays.
+        Args:
+            episode_id, observation: as ExternalEnv.get_action.
+            reward: if not None, first `log_returns(episode_id, reward)` in
+                the same request (one round trip per step instead of two).
+
+        Returns:
+            Remote: the action as decoded JSON (a number, or nested lists and
+            objects following the action spec). Local: numpy arrays.
         """
         if self._mode == "local":
+            if reward is not None:
+                self._local.log_returns(episode_id, reward, None)
             return self._local.get_action(episode_id, observation)
-        return self.call("get_action", episode_id=episode_id, observation=observation)["action"]
+        if reward is None:
+            return self.call("get_action", episode_id=episode_id,
+                             observation=observation)["action"]
+        return self.call("get_action", episode_id=episode_id, observation=observation,
+                         reward=float(reward))["action"]
 
     def log_action(self, episode_id, observation, action):
         """Records an off-policy step (see ExternalEnv.log_action)."""

@@ -14,7 +14,8 @@ JSON object ``{"command": <name>, <argument>: <value>, ...}``:
 command         arguments                                   200 response body
 ==============  ==========================================  =====================
 start_episode   episode_id (str|null), training_enabled     {"episode_id": str}
-get_action      episode_id, observation                     {"action": nest}
+get_action      episode_id, observation, reward (number:    {"action": nest}
+                log_returns of the last action, then act)
 log_action      episode_id, observation, action             {}
 log_returns     episode_id, reward (number), info (object)  {}
 end_episode     episode_id, observation                     {}

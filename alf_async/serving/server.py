@@ -17,6 +17,13 @@ do not match the specs (400), no or a wrong token (401), an unknown path
 (411), a body over `max_body_bytes` (413, not read), too many open episodes
 (429), no action in time (504).
 
+Under load the server applies back-pressure, never drops (see
+ExternalEnv's "Memory under load"): a learner slower than its clients makes
+get_action/log_action (and `report`, whose events are log_actions) wait,
+start_episode beyond `max_concurrent` gets 429, and what the server holds
+stays below `max_concurrent * max_pending_steps` queued steps. Connection
+threads are one per open connection (clients keep theirs alive).
+
 A client that disappears mid-episode does not block the driver: its episode
 is closed after `episode_idle_timeout` seconds without a request (see
 ExternalEnv) and its slot serves other episodes.
@@ -38,8 +45,10 @@ policy export (local inference) is a SavedModel that clients load and run:
 clients must trust the server, never the other way round.
 """
 
+import email.utils
 import hashlib
 import hmac
+import http
 import http.server
 import io
 import logging
@@ -432,23 +441,43 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                    headers=headers)
 
     def _send(self, status, body, content_type=protocol.CONTENT_TYPE, etag=None, headers=None):
+        """Writes the whole response -- status line, headers, body -- in one
+        send: http.server's send_response/end_headers and a separate body
+        write are two sends, i.e. two packets and two wake-ups of the client
+        per response, and format the Date header each time."""
         if self.server.closed:
             self.close_connection = True
+        if logger.isEnabledFor(logging.DEBUG):
+            self.log_request(status)
+        lines = [f"{self.protocol_version} {status} {_REASONS.get(status, '')}\r\n"
+                 f"Server: {self.server_version}\r\nDate: {_http_date()}\r\n"]
+        if status != 304:
+            lines.append(f"Content-Type: {content_type}\r\n")
+        lines.append(f"Content-Length: {len(body)}\r\n")
+        if etag is not None:
+            lines.append(f"ETag: {etag}\r\n")
+        for k, v in (headers or {}).items():
+            lines.append(f"{k}: {v}\r\n")
+        if self.close_connection:
+            lines.append("Connection: close\r\n")
+        lines.append("\r\n")
         try:
-            self.send_response(status)
-            if status != 304:
-                self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if etag is not None:
-                self.send_header("ETag", etag)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write("".join(lines).encode("latin-1") + body)
         except OSError:   # the client went away
             self.close_connection = True
+
+
+_REASONS = {status.value: status.phrase for status in http.HTTPStatus}
+_date_cache = [0, ""]   # (second, its Date header value); a stale read is harmless
+
+
+def _http_date():
+    """The Date header value, formatted at most once a second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[1] = email.utils.formatdate(now, usegmt=True)
+        _date_cache[0] = now
+    return _date_cache[1]
 
 
 class _PolicyExport(object):
