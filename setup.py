@@ -53,6 +53,13 @@ GYMNASIUM = "gymnasium==1.3.0"
 # >= 4.14, which tf-agents 0.19's typing-extensions==4.5.0 pin forbids. Ray
 # core resolves beside the pinned stack without touching protobuf.
 RAY = "ray==2.60.0"
+# MuJoCo for gymnasium's v5 tasks (HalfCheetah-v5, Hopper-v5): gymnasium[mujoco]
+# asks for mujoco>=2.1.5, imageio>=2.14.1. mujoco 3.17.0 is the newest 3.x
+# (4.0.0 is a new major gymnasium 1.3.0 was not released against); both were
+# installed on Python 3.11 beside the pinned stack with `pip check` clean.
+MUJOCO = [GYMNASIUM, "mujoco==3.17.0", "imageio==2.38.1"]
+# The benchmarks' plots (benchmarks/wall_clock_learning.py).
+BENCH = ["matplotlib==3.11.2"]
 
 setup(
     name="alf_async",
@@ -68,7 +75,9 @@ setup(
         # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).
         "gymnasium": [GYMNASIUM],
         "ray": [RAY],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", GYMNASIUM, RAY],
+        "mujoco": MUJOCO,
+        "bench": MUJOCO + BENCH,
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY] + MUJOCO,
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main"],

@@ -34,6 +34,7 @@ import os
 import gin
 import tensorflow as tf
 from tf_agents.eval import metric_utils
+from tf_agents.policies import greedy_policy
 from tf_agents.utils import common
 
 from alf_async import agents  # noqa: F401  (registers dqn_agent, sac_agent with gin)
@@ -44,6 +45,7 @@ from alf_async.evaluation import Evaluator
 from alf_async.learner import Hook, Learner, LearnerCounters
 from alf_async.learner_hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
                                      SummaryHook)
+from alf_async.random_start import RandomStartPolicy
 
 TrainResult = collections.namedtuple("TrainResult", [
     "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])
@@ -160,7 +162,9 @@ def train(root_dir,
           intra_op_threads=None,
           seed=None,
           stop_event=None,
-          print_fn=None):
+          print_fn=None,
+          random_initial_collect=False,
+          greedy_eval=False):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
 
     Args:
@@ -202,6 +206,13 @@ def train(root_dir,
             (checkpoint written) at the end of the iteration.
         print_fn: callable(str) for the progress lines (default: print to stdout,
             flushed).
+        random_initial_collect: act with uniform random actions until the
+            first train step (`random_start.RandomStartPolicy`), so the
+            `initial_collect_steps` are random ones as in published SAC
+            results; False acts with `agent.collect_policy` from the start.
+        greedy_eval: evaluate tf-agents' `GreedyPolicy(agent.policy)` (the
+            mode of the action distribution: SacAgent's `policy` samples);
+            False evaluates `agent.policy` itself (greedy already for DQN).
 
     Returns:
         A `TrainResult`.
@@ -226,7 +237,8 @@ def train(root_dir,
     try:
         built = _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn,
                        num_envs, env_batch_size, num_actor_queues, actor_queue_cap,
-                       unroll_length, learn_queue_cap, num_eval_episodes, seed)
+                       unroll_length, learn_queue_cap, num_eval_episodes, seed,
+                       random_initial_collect)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -241,7 +253,8 @@ def train(root_dir,
         for line in changed:
             print_fn(f"[alf_async] the config's value applies: {line}")
         evaluation = EvaluationHook(
-            Evaluator(eval_env, agent.policy),
+            Evaluator(eval_env, greedy_policy.GreedyPolicy(agent.policy) if greedy_eval
+                      else agent.policy),
             tf.summary.create_file_writer(os.path.join(root_dir, "eval")), eval_interval,
             stop_at_return=stop_at_eval_return, print_fn=print_fn,
             solved=solved) if num_eval_episodes else None
@@ -272,7 +285,7 @@ def train(root_dir,
 
 def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
-           num_eval_episodes, seed):
+           num_eval_episodes, seed, random_initial_collect=False):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume)."""
@@ -290,8 +303,11 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
                                                seed=seed)
         replayer = replayer_fn(data_spec=agent.collect_data_spec,
                                num_rows=num_envs * env_batch_size)
+        collect_policy = agent.collect_policy
+        if random_initial_collect:
+            collect_policy = RandomStartPolicy(collect_policy, global_step)
         driver = AsyncOffPolicyDriver(
-            env_constructor, agent.collect_policy, num_envs=num_envs,
+            env_constructor, collect_policy, num_envs=num_envs,
             num_actor_queues=num_actor_queues, unroll_length=unroll_length,
             learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
             exp_observers=[replayer])

@@ -1,5 +1,5 @@
 """The installed set stays consistent: the pins of setup.py (TF stack,
-gymnasium and Ray extras) resolve together and `pip check` finds nothing."""
+gymnasium, Ray, MuJoCo and bench extras) resolve together and `pip check` finds nothing."""
 
 import subprocess
 import sys

@@ -1,0 +1,420 @@
+"""SAC on MuJoCo against the wall clock: alf_async's trainer vs tf-agents' synchronous loop.
+
+    python benchmarks/wall_clock_learning.py --task HalfCheetah-v5 --seeds 0 1 2 \
+        --minutes 15 --eval_every_steps 10000 --out_dir runs/wall_clock
+
+Needs pip install -e '.[bench]' (MuJoCo and matplotlib).
+
+Both sides read the task's gin file (gin_configs/sac_halfcheetah.gin,
+gin_configs/sac_hopper.gin): the same agent (agents.sac_agent: 256x256 actor
+and critics, Adam 3e-4, SacAgent's gamma, tau, target entropy), the same
+environments per iteration (train.num_envs * env_batch_size * unroll_length
+env steps), the same train steps per iteration (the replay ratio: a train
+step per env step), sample batch size, replay capacity, initial random
+collection, and the same evaluation (evaluation.Evaluator over the greedy
+policy, `GreedyPolicy(agent.policy)`, one episode on each of
+train.num_eval_episodes environments, every --eval_every_steps train steps;
+at a train step per env step that is every --eval_every_steps env steps
+after the random ones).
+
+- alf_async: `alf_async.trainer.train()` (the AsyncOffPolicyDriver collects
+  while the learner trains), stopped by a timer after --minutes.
+- tf-agents: its synchronous loop, as in its SAC train_eval: a
+  DynamicStepDriver collects one iteration's env steps into a
+  TFUniformReplayBuffer (RandomTFPolicy for the initial steps), then the
+  iteration's train steps on the buffer's dataset, alternating. `--sync_env
+  gymnasium` (default) steps a TFPyEnvironment over tf-agents'
+  BatchedPyEnvironment of suite_gymnasium environments, the stack a tf-agents
+  user writes; `--sync_env gym_batch` gives it alf_async's BatchedGymEnv, to
+  separate the driver's gain from the environment layer's.
+
+The clock of each run starts when its loop starts (agent and environments
+built) and includes tracing, the initial random collection and the
+evaluations; the alf_async run's timer starts before train() builds, so it
+gets slightly less loop time than the budget. Each run is its own process,
+one at a time (runs side by side on 2 cores spoil each other's clocks).
+
+After its timed loop each run measures, in the same process, the raw train
+step rate of the same networks with no collection: alf_async's learner graph
+(`Learner.train`, one graph call of many steps) on a replayer filled with
+random steps, tf-agents' train step on the run's own filled buffer. That is
+the learner's physical limit; the learner duty cycle is
+
+    train steps / (loop seconds - evaluation seconds) / raw train steps/s
+
+so a learner never starved by collection scores ~1 (evaluation time is
+measured on both sides and taken out).
+
+It prints a table (eval return at --report_minutes, env and train steps
+reached, train steps/s, raw rate, duty cycle, evaluation seconds; per seed
+the time alf_async took to reach the tf-agents run's final return) and writes
+wall_clock_<task>.png (eval return against wall-clock minutes, both sides,
+every seed) and wall_clock_<task>.json to --out_dir.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIN_FILES = {
+    "HalfCheetah-v5": os.path.join(REPO, "gin_configs", "sac_halfcheetah.gin"),
+    "Hopper-v5": os.path.join(REPO, "gin_configs", "sac_hopper.gin"),
+}
+SIDES = ("alf_async", "tf_agents")
+
+
+# ---------------------------------------------------------------- child runs
+
+def _parse_gin(task, extra):
+    import gin
+
+    from alf_async import trainer  # noqa: F401  (registers the configurables)
+    gin.parse_config_files_and_bindings([GIN_FILES[task]], extra)
+
+
+def _timed_evaluator_class(log):
+    """An alf_async Evaluator that appends (start, end) monotonic times of each call to `log`."""
+    from alf_async.evaluation import Evaluator
+
+    class TimedEvaluator(Evaluator):
+
+        def __call__(self):
+            start = time.monotonic()
+            try:
+                return super().__call__()
+            finally:
+                log.append((start, time.monotonic()))
+
+    return TimedEvaluator
+
+
+def _raw_rate(train_calls, steps_per_call, secs):
+    """Train steps/s of `train_calls(k)` (k calls of `steps_per_call` steps),
+    after one warm-up call, timed for at least `secs`."""
+    train_calls(1)
+    calls, start = 0, time.monotonic()
+    while time.monotonic() - start < secs:
+        train_calls(1)
+        calls += 1
+    return calls * steps_per_call / (time.monotonic() - start)
+
+
+def run_alf_async(seed, seconds, root_dir, raw_secs):
+    """One trainer.train() run, then the learner graph's raw rate; returns the record."""
+    import gin
+    import numpy as np
+    import tensorflow as tf
+    from tf_agents.specs import tensor_spec
+
+    from alf_async import agents, replayers, trainer
+    from alf_async.environments import suites
+    from alf_async.learner import Learner
+
+    eval_times = []
+    trainer.Evaluator = _timed_evaluator_class(eval_times)  # instrument, same class otherwise
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer_start = time.monotonic()
+    timer.start()
+    try:
+        result = trainer.train(root_dir, seed=seed, stop_event=stop)
+    finally:
+        timer.cancel()
+    evaluations = []
+    loop_start = timer_start
+    for (secs, train_step, env_steps, average_return, _), (start, end) in zip(
+            result.evaluations, eval_times):
+        # `secs` (since the loop started) is taken right after the evaluation
+        # ends; the policy evaluated is the one at its start.
+        loop_start = end - secs
+        evaluations.append((secs - (end - start), env_steps, train_step, average_return))
+    # The loop ends at the end of the iteration in which the timer fired.
+    loop_secs = timer_start + seconds - loop_start
+
+    # The raw rate: a fresh agent of the same gin config, a replayer of random steps.
+    q = gin.query_parameter
+    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1)
+    agent = agents.sac_agent(env.time_step_spec(), env.action_spec(),
+                             tf.Variable(0, dtype=tf.int64))
+    env.close()
+    num_rows = q("train.num_envs") * q("train.env_batch_size")
+    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows, capacity_per_row=1000)
+    exp = tensor_spec.sample_spec_nest(agent.collect_data_spec, outer_dims=(num_rows, 1000),
+                                       seed=seed)
+    exp = exp._replace(step_type=tf.ones_like(exp.step_type),
+                       next_step_type=tf.ones_like(exp.next_step_type),
+                       discount=tf.ones_like(exp.discount),
+                       reward=tf.random.normal(tf.shape(exp.reward)),
+                       observation=tf.random.normal(tf.shape(exp.observation),
+                                                    dtype=exp.observation.dtype))
+    replayer(exp, np.arange(num_rows, dtype=np.int32))
+    steps_per_call = q("train.train_steps_per_iteration")
+    learner = Learner(agent, driver=None, replayer=replayer,
+                      sample_batch_size=q("train.sample_batch_size"))
+
+    def train_calls(k):
+        for _ in range(k):
+            learner.train(steps_per_call)
+
+    raw = _raw_rate(train_calls, steps_per_call, raw_secs)
+    return dict(evaluations=evaluations, env_steps=result.env_steps,
+                train_steps=result.global_step, loop_secs=loop_secs,
+                eval_secs=sum(end - start for start, end in eval_times), raw_rate=raw)
+
+
+def _sync_envs(sync_env, suite, env_name, num_rows, seed):
+    from tf_agents.environments import batched_py_environment, tf_py_environment
+
+    from alf_async.environments import suites, suite_gymnasium
+    if sync_env == "gymnasium":
+        py_envs = [suite_gymnasium.load(env_name, seed=seed + i) for i in range(num_rows)]
+        return tf_py_environment.TFPyEnvironment(
+            batched_py_environment.BatchedPyEnvironment(py_envs, multithreading=False))
+    return suites.load(suite, env_name, batch_size=num_rows, seed=seed)
+
+
+def run_tf_agents(seed, seconds, sync_env, raw_secs):
+    """tf-agents' synchronous SAC loop with the same gin-configured agent and
+    settings; then its train step's raw rate on its own buffer."""
+    import gin
+    import tensorflow as tf
+    from tf_agents.drivers import dynamic_step_driver
+    from tf_agents.policies import greedy_policy, random_tf_policy
+    from tf_agents.replay_buffers import tf_uniform_replay_buffer
+    from tf_agents.utils import common
+
+    from alf_async import agents, evaluation
+    from alf_async.environments import suites
+
+    q = gin.query_parameter
+    suite, env_name = q("train.suite"), q("train.env_name")
+    num_rows = q("train.num_envs") * q("train.env_batch_size")
+    steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(
+        "train.unroll_length")
+    train_steps = q("train.train_steps_per_iteration")
+    eval_interval = q("train.eval_interval")
+    initial_collect_steps = q("train.initial_collect_steps")
+
+    tf.random.set_seed(seed)
+    env = _sync_envs(sync_env, suite, env_name, num_rows, seed)
+    eval_env = suites.load(suite, env_name, batch_size=q("train.num_eval_episodes"),
+                           seed=seed + 1000003)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    agent = agents.sac_agent(env.time_step_spec(), env.action_spec(), global_step)
+    agent.initialize()
+    buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
+        agent.collect_data_spec, batch_size=num_rows,
+        max_length=q("UniformReplayer.capacity_per_row"))
+    random_policy = random_tf_policy.RandomTFPolicy(env.time_step_spec(), env.action_spec())
+    # Initial collection in whole iterations, like the alf_async learner counts it.
+    initial_iterations = -(-initial_collect_steps // steps_per_iteration)
+    initial_collect = common.function(dynamic_step_driver.DynamicStepDriver(
+        env, random_policy, observers=[buffer.add_batch],
+        num_steps=initial_iterations * steps_per_iteration).run)
+    collect = common.function(dynamic_step_driver.DynamicStepDriver(
+        env, agent.collect_policy, observers=[buffer.add_batch],
+        num_steps=steps_per_iteration).run)
+    dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("train.sample_batch_size"),
+                                num_steps=agent.train_sequence_length).prefetch(3)
+    evaluator = evaluation.Evaluator(eval_env, greedy_policy.GreedyPolicy(agent.policy))
+
+    def train_step_graph(experience):
+        return agent.train(experience)
+
+    train_step = common.function(train_step_graph)
+    evaluations, eval_secs = [], 0.0
+    start = time.monotonic()
+    time_step, policy_state = initial_collect()
+    env_steps = initial_iterations * steps_per_iteration
+    iterator = iter(dataset)
+    while time.monotonic() - start < seconds:
+        time_step, policy_state = collect(time_step, policy_state)
+        env_steps += steps_per_iteration
+        before = int(global_step)
+        for _ in range(train_steps):
+            experience, _ = next(iterator)
+            train_step(experience)
+        after = int(global_step)
+        if after // eval_interval > before // eval_interval:
+            t = time.monotonic()
+            average_return, _ = evaluator()
+            eval_secs += time.monotonic() - t
+            evaluations.append((t - start, env_steps, after, average_return))
+    loop_secs = time.monotonic() - start
+    train_steps_reached = int(global_step)
+
+    def train_calls(k):
+        for _ in range(k * train_steps):
+            experience, _ = next(iterator)
+            train_step(experience)
+
+    raw = _raw_rate(train_calls, train_steps, raw_secs)
+    env.close()
+    eval_env.close()
+    return dict(evaluations=evaluations, env_steps=env_steps, train_steps=train_steps_reached,
+                loop_secs=loop_secs, eval_secs=eval_secs, raw_rate=raw)
+
+
+def one_run(args):
+    bindings = [f"train.eval_interval = {args.eval_every_steps}",
+                "train.checkpoint_interval = 1000000000",  # only at exit, after the clock
+                "train.num_env_steps = 1000000000"]        # the clock stops the run
+    _parse_gin(args.task, bindings)
+    seconds = args.minutes * 60.0
+    if args.one == "alf_async":
+        record = run_alf_async(args.seed, seconds, args.root_dir, args.raw_secs)
+    else:
+        record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
+    print(json.dumps(record), flush=True)
+
+
+# ---------------------------------------------------------------- the parent
+
+def spawn(side, seed, args, root_dir, log_path):
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", side, "--seed", str(seed),
+           "--task", args.task, "--minutes", str(args.minutes),
+           "--eval_every_steps", str(args.eval_every_steps), "--sync_env", args.sync_env,
+           "--raw_secs", str(args.raw_secs), "--root_dir", root_dir]
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                              timeout=args.minutes * 60 + args.raw_secs + 600)
+        log.write(proc.stdout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{side} run for seed {seed} failed (exit {proc.returncode}); "
+                       f"see {log_path}")
+
+
+def return_at(evaluations, secs):
+    """The return of the last evaluation started by `secs` (None if none)."""
+    before = [r for t, _, _, r in evaluations if t <= secs]
+    return before[-1] if before else None
+
+
+def time_to_reach(evaluations, target):
+    """Seconds to the first evaluation with a return >= target (None if none)."""
+    for t, _, _, r in evaluations:
+        if r >= target:
+            return t
+    return None
+
+
+def duty_cycle(record):
+    train_secs = record["loop_secs"] - record["eval_secs"]
+    return record["train_steps"] / train_secs / record["raw_rate"]
+
+
+def print_table(task, records, report_minutes, budget_secs):
+    print(f"\nSAC {task}: eval return (greedy) against wall-clock time, "
+          f"{budget_secs / 60:g} min per run")
+    header = (f"{'side':10s} {'seed':>4s} " +
+              " ".join(f"{'R@' + format(m, 'g') + 'min':>9s}" for m in report_minutes) +
+              f" {'env steps':>10s} {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
+              f" {'duty':>5s} {'eval s':>7s} {'to sync final':>14s}")
+    print(header)
+    print("-" * len(header))
+    for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        evaluations = record["evaluations"]
+        cells = []
+        for m in report_minutes:
+            r = return_at(evaluations, m * 60) if m * 60 <= budget_secs + 1e-6 else None
+            cells.append(f"{'-' if r is None else format(r, '.0f'):>9s}")
+        reach = "-"
+        sync = records.get(("tf_agents", seed))
+        if side == "alf_async" and sync and sync["evaluations"]:
+            target = sync["evaluations"][-1][3]
+            t = time_to_reach(evaluations, target)
+            reach = "not reached" if t is None else f"{t / budget_secs:.2f} of budget"
+        train_rate = record["train_steps"] / max(record["loop_secs"] - record["eval_secs"],
+                                                 1e-9)
+        print(f"{side:10s} {seed:4d} " + " ".join(cells) +
+              f" {record['env_steps']:10d} {record['train_steps']:11d} {train_rate:8.1f}"
+              f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
+              f" {record['eval_secs']:7.1f} {reach:>14s}")
+
+
+def plot(task, records, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"alf_async": dict(color="tab:blue", linestyle="-"),
+              "tf_agents": dict(color="tab:orange", linestyle="--")}
+    labelled = set()
+    for (side, seed), record in sorted(records.items()):
+        evaluations = record["evaluations"]
+        if not evaluations:
+            continue
+        xs = [t / 60 for t, _, _, _ in evaluations]
+        ys = [r for _, _, _, r in evaluations]
+        label = None if side in labelled else {
+            "alf_async": "alf_async (async trainer)",
+            "tf_agents": "tf-agents synchronous loop"}[side]
+        labelled.add(side)
+        ax.plot(xs, ys, marker="o", markersize=3, label=label, **styles[side])
+        ax.annotate(f"seed {seed}", (xs[-1], ys[-1]), fontsize=7, color=styles[side]["color"])
+    ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
+    ax.set_ylabel("greedy eval return")
+    ax.set_title(f"SAC {task}: eval return vs wall-clock time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=sorted(GIN_FILES), default="HalfCheetah-v5")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget per run")
+    parser.add_argument("--eval_every_steps", type=int, default=10000,
+                        help="train steps (= env steps after the random ones) between evaluations")
+    parser.add_argument("--out_dir", default="/tmp/alf_async_wall_clock")
+    parser.add_argument("--report_minutes", type=float, nargs="+", default=[5, 10, 15])
+    parser.add_argument("--sync_env", choices=["gymnasium", "gym_batch"], default="gymnasium")
+    parser.add_argument("--raw_secs", type=float, default=20.0,
+                        help="seconds of the raw train-step rate measurement per run")
+    parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return one_run(args)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    records = {}
+    print(f"SAC {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
+          f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}",
+          flush=True)
+    for seed in args.seeds:
+        for side in SIDES:
+            root_dir = os.path.join(args.out_dir, f"{args.task}_{side}_{seed}")
+            shutil.rmtree(root_dir, ignore_errors=True)  # a left-over run would be resumed
+            log_path = os.path.join(args.out_dir, f"{args.task}_{side}_{seed}.log")
+            started = time.monotonic()
+            record = spawn(side, seed, args, root_dir, log_path)
+            shutil.rmtree(root_dir, ignore_errors=True)
+            records[(side, seed)] = record
+            last = record["evaluations"][-1][3] if record["evaluations"] else float("nan")
+            print(f"  seed {seed} {side:9s}: {record['env_steps']} env steps, "
+                  f"{record['train_steps']} train steps, last eval return {last:.1f} "
+                  f"({time.monotonic() - started:.0f} s with start-up and raw rate)", flush=True)
+    budget = args.minutes * 60.0
+    print_table(args.task, records, args.report_minutes, budget)
+    png = os.path.join(args.out_dir, f"wall_clock_{args.task}.png")
+    plot(args.task, records, png)
+    with open(os.path.join(args.out_dir, f"wall_clock_{args.task}.json"), "w") as f:
+        json.dump({f"{side}_{seed}": r for (side, seed), r in records.items()}, f, indent=1)
+    print(f"\nwrote {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""SAC on MuJoCo (gin_configs/sac_halfcheetah.gin) through alf-async-train, as
+users run it: a short HalfCheetah-v5 job that provably reaches the learner
+(finite losses in the training summaries, a greedy evaluation written)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+pytest.importorskip("mujoco", reason="needs the [mujoco] extra")
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+HALFCHEETAH_GIN = os.path.join(REPO, "gin_configs", "sac_halfcheetah.gin")
+
+# Small enough for CI, the rest of the config as published: 4 envs x 4 steps
+# = 16 env steps and 16 train steps per iteration; training starts at
+# iteration 4 (64 random env steps) and runs through iteration 14.
+SHORT = [
+    "train.num_env_steps = 224",
+    "train.initial_collect_steps = 64",
+    "UniformReplayer.capacity_per_row = 1000",
+    "alf_async.environments.suites.load.max_episode_steps = 50",  # training and eval envs
+    "train.num_eval_episodes = 2",
+    "train.eval_interval = 64",            # train steps: evaluations at 64 and 128
+    "train.summary_interval = 16",
+]
+
+
+def read_scalars(directory):
+    """{tag: [(step, value)]} from every event file in `directory`."""
+    scalars = {}
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField(
+                    "tensor") else value.simple_value
+                scalars.setdefault(value.tag, []).append((event.step, number))
+    return scalars
+
+
+@pytest.mark.timeout(180)
+def test_short_halfcheetah_run_reaches_the_learner_and_evaluates(tmp_path):
+    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
+            "--gin_file", HALFCHEETAH_GIN]
+    for binding in SHORT:
+        args += ["--gin_param", binding]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("stopped (num_env_steps) at iteration 14, train step 176, env steps 224"
+            in proc.stdout), proc.stdout[-3000:]
+
+    train = read_scalars(str(tmp_path / "train"))
+    losses = [v for _, v in train["Learner/loss"]]
+    assert losses and np.all(np.isfinite(losses))
+    assert max(step for step, _ in train["Learner/loss"]) == 176
+
+    evaluation = read_scalars(str(tmp_path / "eval"))
+    assert [step for step, _ in evaluation["Metrics/AverageReturn"]] == [64, 128]
+    assert np.all(np.isfinite([v for _, v in evaluation["Metrics/AverageReturn"]]))
+    # Greedy episodes of the shortened HalfCheetah (it never terminates early).
+    assert [v for _, v in evaluation["Metrics/AverageEpisodeLength"]] == [50.0, 50.0]
+
+    config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
+    assert "train.env_name = 'HalfCheetah-v5'" in config
+    assert "train.greedy_eval = True" in config
+    assert "train.random_initial_collect = True" in config
