@@ -36,7 +36,8 @@ turns it into a `tf.errors.OpError`; the thread then raises the original
 TFEnvironments are stepped in the graph with `env.step`; their errors are TF
 errors already.
 
-Threads: `run()` is this thread; everything blocks inside the graph call
+Threads: `__init__` (the driver's constructing thread) traces the graph
+loop; `run()` is this thread; everything blocks inside the graph call
 (actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
 environment's own step). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
@@ -131,6 +132,18 @@ class EnvThread(threading.Thread):
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
         self._wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                  name=name + "_action_wait_secs")
+        # The graph loop is traced here, on the constructing thread, as the
+        # actors' are: env threads never trace concurrently, and stop() during
+        # start-up never waits for a trace to finish (the reliability trials
+        # once saw 4 env threads' traces outlast the 4 s grace period on a
+        # machine loaded 8 deep).
+        self._graph_loop = None
+        if row_envs(env) is None and not blocks(env) and not self._reports_applied:
+            self._graph_loop = tf.function(self._loop, autograph=False).get_concrete_function(
+                [tf.TensorSpec(s.shape, s.dtype)
+                 for s in tf.nest.flatten(self._batched_time_step_spec)],
+                [tf.TensorSpec(s.shape, s.dtype)
+                 for s in tf.nest.flatten(self._batched_state_spec)])
 
     @property
     def steps(self):
@@ -146,15 +159,14 @@ class EnvThread(threading.Thread):
         with self._coord.stop_on_exception():
             try:
                 rows = row_envs(self._env)
-                if rows is not None:
-                    self._rows_loop(rows)
-                elif blocks(self._env) or self._reports_applied:
-                    self._python_loop(self._env.pyenv.reset())
-                else:
+                if self._graph_loop is not None:
                     time_step = self._env.reset()
-                    loop = tf.function(self._loop, autograph=False)
-                    loop(tf.nest.flatten(time_step),
-                         tf.nest.flatten(self._initial_policy_state))
+                    self._graph_loop(tf.nest.flatten(time_step),
+                                     tf.nest.flatten(self._initial_policy_state))
+                elif rows is not None:
+                    self._rows_loop(rows)
+                else:
+                    self._python_loop(self._env.pyenv.reset())
             except Exception as e:  # pylint: disable=broad-except
                 if isinstance(e, capabilities.EndOfData):
                     applied_steps.wait_until_learner_took_all(self._queues.learn_queue,
