@@ -9,9 +9,10 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 pytest.importorskip("mujoco", reason="needs the [mujoco] extra")
+
+from test_trainer import read_scalars  # noqa: E402  (tests/ is on sys.path)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 HALFCHEETAH_GIN = os.path.join(REPO, "gin_configs", "sac_halfcheetah.gin")
@@ -30,16 +31,6 @@ SHORT = [
 ]
 
 
-def read_scalars(directory):
-    """{tag: [(step, value)]} from every event file in `directory`."""
-    scalars = {}
-    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                number = float(tf.make_ndarray(value.tensor)) if value.HasField(
-                    "tensor") else value.simple_value
-                scalars.setdefault(value.tag, []).append((event.step, number))
-    return scalars
 
 
 @pytest.mark.timeout(180)
