@@ -85,6 +85,7 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO,
     },
     entry_points={
-        "console_scripts": ["alf-async-train=alf_async.bin.train:main"],
+        "console_scripts": ["alf-async-train=alf_async.bin.train:main",
+                            "alf-async-collect=alf_async.bin.collect:main"],
     },
 )
