@@ -58,6 +58,10 @@ RAY = "ray==2.60.0"
 # (4.0.0 is a new major gymnasium 1.3.0 was not released against); both were
 # installed on Python 3.11 beside the pinned stack with `pip check` clean.
 MUJOCO = [GYMNASIUM, "mujoco==3.17.0", "imageio==2.38.1"]
+# Reverb replay and collector processes (alf_async.reverb_replayer): 0.14.0 is
+# the release built against TF 2.15; it adds only portpicker and psutil, and
+# `pip check` stays clean beside the pinned stack. Linux only.
+REVERB = "dm-reverb==0.14.0"
 # The benchmarks' plots (benchmarks/wall_clock_learning.py).
 BENCH = ["matplotlib==3.11.2"]
 
@@ -75,11 +79,13 @@ setup(
         # tf-agents 0.19's typing-extensions==4.5.0 pin (pip check stays clean).
         "gymnasium": [GYMNASIUM],
         "ray": [RAY],
+        "reverb": [REVERB],
         "mujoco": MUJOCO,
         "bench": MUJOCO + BENCH,
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY] + MUJOCO,
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO,
     },
     entry_points={
-        "console_scripts": ["alf-async-train=alf_async.bin.train:main"],
+        "console_scripts": ["alf-async-train=alf_async.bin.train:main",
+                            "alf-async-collect=alf_async.bin.collect:main"],
     },
 )

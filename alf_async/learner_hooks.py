@@ -137,11 +137,14 @@ class EvaluationHook(Hook):
 
 class CheckpointHook(Hook):
     """Saves `checkpointer` (a tf-agents `common.Checkpointer`) every
-    `interval` train steps and at the end."""
+    `interval` train steps and at the end; with `replay` (an object with a
+    `checkpoint()` method, e.g. a `ReverbReplayer`, whose storage lives
+    outside TF's checkpoint), checkpoints it at the same moments."""
 
-    def __init__(self, checkpointer, interval):
+    def __init__(self, checkpointer, interval, replay=None):
         self._checkpointer = checkpointer
         self._interval = interval
+        self._replay = replay
 
     def after_iteration(self, learner, train_step_before, train_step):
         if train_step > train_step_before and crossed(train_step_before, train_step,
@@ -152,6 +155,10 @@ class CheckpointHook(Hook):
         self._save(learner)
 
     def _save(self, learner):
+        if self._replay is not None:
+            # Replay first: a restored agent never trained on items the
+            # restored table lacks.
+            self._replay.checkpoint()
         self._checkpointer.save(global_step=learner.agent.train_step_counter)
 
 

@@ -14,6 +14,7 @@ until `num_iterations`, `num_env_steps`, `stop_at_eval_return` or
     root_dir/train/   checkpoints (agent + optimizers, replay buffer, metrics,
                       counters) and training summaries
     root_dir/eval/    evaluation summaries
+    root_dir/replay/  Reverb's checkpoints of the replay table (ReverbReplayer)
     root_dir/operative_config-<global step>.gin
 
 Running again on the same root_dir restores the latest checkpoint: the
@@ -177,7 +178,10 @@ def train(root_dir,
             the driver's env constructor (`suites.make_env_constructor`,
             `make_subprocess_env_constructor`, `make_ray_env_constructor`).
         replayer_fn: callable(data_spec, num_rows) -> replayer
-            (`replayers.UniformReplayer`, `replayers.OneTimeReplayer`).
+            (`replayers.UniformReplayer`, `replayers.OneTimeReplayer`,
+            `reverb_replayer.ReverbReplayer`: also given
+            checkpoint_dir=root_dir/replay, checkpointed with the agent,
+            its rate limiter checked against this schedule, closed at exit).
         num_envs: env threads of the driver (one environment each).
         env_batch_size: environments batched in each env thread's environment.
         num_actor_queues: actor threads.
@@ -246,6 +250,12 @@ def train(root_dir,
         raise ConfigError(one_line(e)) from e
     agent, driver, replayer, eval_env, checkpointer, counters, solved, changed = built
     try:
+        if hasattr(replayer, "check_schedule"):  # a rate-limited replayer (Reverb)
+            try:
+                replayer.check_schedule(train_steps_per_iteration * sample_batch_size,
+                                        learn_queue_cap * env_batch_size * unroll_length)
+            except ValueError as e:
+                raise ConfigError(one_line(e)) from e
         if checkpointer.checkpoint_exists:
             print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
                      f"global step {int(agent.train_step_counter)}, env steps "
@@ -259,7 +269,8 @@ def train(root_dir,
             stop_at_return=stop_at_eval_return, print_fn=print_fn,
             solved=solved) if num_eval_episodes else None
         hooks = [OperativeConfigHook(root_dir), SummaryHook(summary_interval), evaluation,
-                 CheckpointHook(checkpointer, checkpoint_interval),
+                 CheckpointHook(checkpointer, checkpoint_interval,
+                                replay=replayer if hasattr(replayer, "checkpoint") else None),
                  ProgressHook(print_fn, log_interval_secs)]
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
@@ -270,17 +281,25 @@ def train(root_dir,
     except BaseException:
         driver.stop()
         eval_env.close()
+        _close(replayer)
         raise
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
         eval_env.close()
+        _close(replayer)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "
              f"step {learner.train_step}, env steps {learner.env_steps}; checkpoint in "
              f"{checkpointer.manager.directory}")
     return TrainResult(learner.train_step, learner.env_steps, learner.iterations, stopped_by,
                        evaluation.evaluations if evaluation else [],
                        evaluation.solved_secs if evaluation else None)
+
+
+def _close(replayer):
+    """Closes a replayer that owns resources (a Reverb server)."""
+    if hasattr(replayer, "close"):
+        replayer.close()
 
 
 def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
@@ -295,14 +314,19 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     eval_seed = None if seed is None else seed + 1000003
     eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
                            seed=eval_seed)
+    replayer = None
     try:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
         env_constructor = make_env_constructor(suite, env_name, batch_size=env_batch_size,
                                                seed=seed)
+        replayer_args = {}
+        if getattr(replayer_fn, "takes_checkpoint_dir", False):
+            # Replay storage outside TF's checkpoint (Reverb's own checkpointer).
+            replayer_args["checkpoint_dir"] = os.path.join(root_dir, "replay")
         replayer = replayer_fn(data_spec=agent.collect_data_spec,
-                               num_rows=num_envs * env_batch_size)
+                               num_rows=num_envs * env_batch_size, **replayer_args)
         collect_policy = agent.collect_policy
         if random_initial_collect:
             collect_policy = RandomStartPolicy(collect_policy, global_step)
@@ -313,6 +337,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
             exp_observers=[replayer])
     except BaseException:
         eval_env.close()
+        _close(replayer)
         raise
     try:
         counters = LearnerCounters()
@@ -332,6 +357,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     except BaseException:
         driver.stop()
         eval_env.close()
+        _close(replayer)
         raise
     return agent, driver, replayer, eval_env, checkpointer, counters, solved, changed
 

@@ -210,6 +210,10 @@ def _run(args, training):
     from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from alf_async import trainer  # pylint: disable=import-outside-toplevel
     from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    try:  # registers ReverbReplayer and replay_table with gin, when dm-reverb is installed
+        from alf_async import reverb_replayer  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        pass
     try:
         parse_gin(args.gin_file, args.gin_param)
     except ConfigError as e:

@@ -1,0 +1,81 @@
+"""alf-async-collect: one collector process writing to a learner's Reverb server.
+
+    alf-async-collect --replay_address HOST:PORT --gin_file gin_configs/F.gin \
+        [--gin_param 'collect.num_envs=4'] [--verbose]
+    python -m alf_async.bin.collect ...   (the same)
+
+Builds `alf_async.collector.collect` from the gin files (the learner's
+config: its `train.*` environment and agent bindings are read for
+`collect.*` through gin macros or set directly) and collects until SIGINT /
+SIGTERM (exit 0 at the end of the iteration). A server that cannot be
+reached is retried with backoff, one line per attempt; after
+`collect.connect_deadline_secs` the collector exits 1 with one line
+(`alf-async-collect: error: ...`). Configuration errors exit 2.
+"""
+
+import argparse
+import sys
+import threading
+
+from alf_async import quiet
+from alf_async.bin.train import ConfigError, check_gin_files, stop_on_signals
+
+PROG = "alf-async-collect"
+EXIT_UNREACHABLE = 1
+EXIT_CONFIG_ERROR = 2
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog=PROG, description=(
+        "One collector: acts with local inference, writes unrolls to the learner's "
+        "Reverb server, pulls the policy's variables from it."))
+    parser.add_argument("--replay_address", required=True,
+                        help="HOST:PORT of the learner's Reverb server (the learner prints "
+                             "it and writes it to ROOT_DIR/replay_address)")
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="a gin config file (repeatable)")
+    parser.add_argument("--gin_param", action="append", default=[],
+                        help="a gin binding (repeatable; after the files)")
+    parser.add_argument("--verbose", action="store_true", help="show third-party output")
+    return parser
+
+
+def _error(message, code):
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        check_gin_files(args.gin_file)
+    except ConfigError as e:
+        return _error(e, EXIT_CONFIG_ERROR)
+    quiet.quiet(verbose=args.verbose)
+    import gin  # pylint: disable=import-outside-toplevel
+    from alf_async import collector  # pylint: disable=import-outside-toplevel
+    from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
+    try:
+        # Unknown configurables of the learner's file (train.*) are the learner's.
+        gin.parse_config_files_and_bindings(args.gin_file, args.gin_param,
+                                            skip_unknown=True)
+    except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
+        return _error(one_line(e), EXIT_CONFIG_ERROR)
+    stop_event = threading.Event()
+    with stop_on_signals(stop_event):
+        try:
+            built = collector.collect(args.replay_address, stop_event,
+                                      print_fn=lambda line: print(line, flush=True))
+        except collector.UnreachableError as e:
+            return _error(str(e), EXIT_UNREACHABLE)
+        stopped_by = built.run()
+    print(f"[alf_async collector] stopped ({stopped_by}) after {built.learner.env_steps} env "
+          f"steps, {built.pull_hook.pulls} variable pulls (learner train step "
+          f"{int(built.train_step.numpy())})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

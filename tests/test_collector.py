@@ -1,0 +1,109 @@
+"""alf-async-collect as a real process against a real Reverb server: it
+writes windows, pulls the variables, stops on SIGINT; an unreachable server
+is retried, then one line and exit 1."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import pytest
+import tensorflow as tf
+
+reverb = pytest.importorskip("reverb")
+
+from alf_async import agents, collector  # noqa: E402
+from alf_async.environments import suites  # noqa: E402
+from alf_async.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+COLLECT_GIN = """
+collect.env_name = 'CartPole-v0'
+collect.agent_fn = @dqn_agent
+collect.sequence_length = 2
+collect.num_envs = 1
+collect.env_batch_size = 2
+collect.unroll_length = 4
+collect.variable_update_interval = 0.5
+dqn_agent.fc_layer_params = (16,)
+DqnAgent.n_step_update = 1
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
+
+def run_collect(tmp_path, address, *params):
+    path = tmp_path / "collect.gin"
+    path.write_text(COLLECT_GIN)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "alf_async.bin.collect", "--replay_address", address,
+            "--gin_file", str(path)]
+    for p in params:
+        args += ["--gin_param", p]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=str(tmp_path))
+
+
+@pytest.mark.timeout(90)
+def test_collector_writes_windows_and_pulls_variables(tmp_path):
+    gin.parse_config(COLLECT_GIN)
+    env = suites.load("suite_gym", "CartPole-v0", batch_size=1)
+    step = tf.Variable(7, dtype=tf.int64)
+    agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), step)
+    env.close()
+    variables = collector.policy_variables(agent.collect_policy, step)
+    server = reverb.Server([
+        replay_table(agent.collect_data_spec, 2, samples_per_insert=1.0, min_size=1,
+                     error_buffer=1000.0),
+        collector.variable_table(variables)])
+    address = f"localhost:{server.port}"
+    from tf_agents.experimental.distributed import reverb_variable_container
+    reverb_variable_container.ReverbVariableContainer(
+        address, table_names=[collector.VARIABLE_TABLE]).push(variables, collector.VARIABLE_TABLE)
+    client = reverb.Client(address)
+    process = run_collect(tmp_path, address)
+    try:
+        deadline = time.monotonic() + 60
+        while client.server_info()[REPLAY_TABLE].current_size < 20:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the collector wrote nothing in 60 s"
+            time.sleep(0.5)
+        time.sleep(1.0)  # at least one more variable pull
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("[alf_async collector] stopped (stop_event)"), out
+    assert last.endswith("(learner train step 7)")
+    pulls = int(last.split(" variable pulls")[0].rsplit(" ", 1)[1])
+    assert pulls >= 2
+    # Every window is 2 consecutive steps of one env: the first's next step is the second's.
+    for sample in client.sample(REPLAY_TABLE, num_samples=10, emit_timesteps=False,
+                                unpack_as_table_signature=True):
+        obs = sample.data.observation
+        assert obs.shape == (2, 4)
+    server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_server_is_retried_then_one_line_and_exit_1(tmp_path):
+    import portpicker
+    port = portpicker.pick_unused_port()
+    process = run_collect(tmp_path, f"localhost:{port}", "collect.connect_deadline_secs = 3")
+    out, err = process.communicate(timeout=50)
+    assert process.returncode == 1, (out, err)
+    retries = [line for line in out.splitlines() if "not reachable" in line]
+    assert len(retries) >= 2 and "retrying in" in retries[0]
+    errors = [line for line in err.strip().splitlines() if line.startswith("alf-async-collect")]
+    assert errors == [errors[0]] and errors[0].startswith(
+        f"alf-async-collect: error: no Reverb server at localhost:{port} after 3 s")
