@@ -38,7 +38,7 @@ from tf_agents.policies import greedy_policy
 from tf_agents.utils import common
 
 from alf_async import agents  # noqa: F401  (registers dqn_agent, sac_agent with gin)
-from alf_async import replayers, resume
+from alf_async import replayers, resume, serving_job
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.evaluation import Evaluator
@@ -244,7 +244,8 @@ def train(root_dir,
     except (ValueError, TypeError) as e:
         # Nothing has started yet: a bad name, spec or queue configuration.
         raise ConfigError(one_line(e)) from e
-    agent, driver, replayer, eval_env, checkpointer, counters, solved, changed = built
+    agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved, \
+        changed = built
     try:
         if checkpointer.checkpoint_exists:
             print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
@@ -261,6 +262,8 @@ def train(root_dir,
         hooks = [OperativeConfigHook(root_dir), SummaryHook(summary_interval), evaluation,
                  CheckpointHook(checkpointer, checkpoint_interval),
                  ProgressHook(print_fn, log_interval_secs)]
+        if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+            hooks.append(serving_job.ServingAnnouncement(env_constructor, root_dir, print_fn))
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
             sample_batch_size=sample_batch_size, initial_collect_steps=initial_collect_steps,
@@ -269,12 +272,12 @@ def train(root_dir,
             summary_interval=summary_interval, stop_event=stop_event)
     except BaseException:
         driver.stop()
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         raise
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "
              f"step {learner.train_step}, env steps {learner.env_steps}; checkpoint in "
              f"{checkpointer.manager.directory}")
@@ -295,6 +298,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     eval_seed = None if seed is None else seed + 1000003
     eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
                            seed=eval_seed)
+    env_constructor = None
     try:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
@@ -312,7 +316,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
             learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
             exp_observers=[replayer])
     except BaseException:
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         raise
     try:
         counters = LearnerCounters()
@@ -331,9 +335,18 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         changed = resume.apply_config(configured)
     except BaseException:
         driver.stop()
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         raise
-    return agent, driver, replayer, eval_env, checkpointer, counters, solved, changed
+    return (agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved,
+            changed)
+
+
+def _close_envs(eval_env, env_constructor):
+    """Closes the evaluation environment, and a serving job's server (after the
+    driver stopped; a server whose driver never started is only bound)."""
+    eval_env.close()
+    if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+        env_constructor.close()
 
 
 class OperativeConfigHook(Hook):
