@@ -30,6 +30,7 @@ Threads: `train()` runs on the caller's thread, which becomes the learner's
 
 import collections
 import os
+import threading
 
 import gin
 import tensorflow as tf
@@ -203,7 +204,8 @@ def train(root_dir,
         intra_op_threads: TF's intra-op thread pool size (None: TF's default).
         seed: seeds TF's global generator and the environments (None: unseeded).
         stop_event: a `threading.Event`; once set, the loop stops cleanly
-            (checkpoint written) at the end of the iteration.
+            (checkpoint written) at the end of the iteration, or at once
+            if it is waiting for experience (a serving job without clients).
         print_fn: callable(str) for the progress lines (default: print to stdout,
             flushed).
         random_initial_collect: act with uniform random actions until the
@@ -274,9 +276,12 @@ def train(root_dir,
         driver.stop()
         _close_envs(eval_env, env_constructor)
         raise
+    waker = _StopWaker(stop_event, learner) if stop_event is not None else None
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
+        if waker is not None:
+            waker.close()
         _close_envs(eval_env, env_constructor)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "
              f"step {learner.train_step}, env steps {learner.env_steps}; checkpoint in "
@@ -339,6 +344,34 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         raise
     return (agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved,
             changed)
+
+
+class _StopWaker(threading.Thread):
+    """Calls `learner.stop()` once `stop_event` is set: the event alone ends the
+    loop only at the end of an iteration, and a learner waiting for
+    experience that never comes (a serving job without clients) would wait
+    for ever. Runs on its own daemon thread, polling every 0.1 s;
+    `close()` (the trainer's thread) ends it."""
+
+    def __init__(self, stop_event, learner):
+        super().__init__(name="stop_waker", daemon=True)
+        self._stop_event = stop_event
+        self._learner = learner
+        self._closed = threading.Event()
+        self.start()
+
+    def run(self):
+        while not self._closed.wait(0.1):
+            if self._stop_event.is_set():
+                try:
+                    self._learner.stop()
+                except Exception:  # pylint: disable=broad-except  (run() raises it again)
+                    pass
+                return
+
+    def close(self):
+        self._closed.set()
+        self.join()
 
 
 def _close_envs(eval_env, env_constructor):
