@@ -266,6 +266,8 @@ def train(root_dir,
                  ProgressHook(print_fn, log_interval_secs)]
         if isinstance(env_constructor, serving_job.ServingEnvConstructor):
             hooks.append(serving_job.ServingAnnouncement(env_constructor, root_dir, print_fn))
+        waker = _StopWaker(stop_event) if stop_event is not None else None
+        hooks.append(waker)   # the last: begins once every other hook has
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
             sample_batch_size=sample_batch_size, initial_collect_steps=initial_collect_steps,
@@ -276,7 +278,6 @@ def train(root_dir,
         driver.stop()
         _close_envs(eval_env, env_constructor)
         raise
-    waker = _StopWaker(stop_event, learner) if stop_event is not None else None
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
@@ -346,32 +347,44 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
             changed)
 
 
-class _StopWaker(threading.Thread):
+class _StopWaker(Hook):
     """Calls `learner.stop()` once `stop_event` is set: the event alone ends the
     loop only at the end of an iteration, and a learner waiting for
     experience that never comes (a serving job without clients) would wait
-    for ever. Runs on its own daemon thread, polling every 0.1 s;
-    `close()` (the trainer's thread) ends it."""
+    for ever.
 
-    def __init__(self, stop_event, learner):
-        super().__init__(name="stop_waker", daemon=True)
+    Threads: `begin` (the learner's thread, after every other hook began:
+    this one is the last) starts a daemon thread that polls the event every
+    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
+    end and join it.
+    """
+
+    def __init__(self, stop_event):
         self._stop_event = stop_event
-        self._learner = learner
         self._closed = threading.Event()
-        self.start()
+        self._thread = None
 
-    def run(self):
+    def begin(self, learner):
+        self._thread = threading.Thread(target=self._run, args=(learner,), name="stop_waker",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, learner):
         while not self._closed.wait(0.1):
             if self._stop_event.is_set():
                 try:
-                    self._learner.stop()
-                except Exception:  # pylint: disable=broad-except  (run() raises it again)
+                    learner.stop()
+                except Exception:  # pylint: disable=broad-except  (learner.run raises it)
                     pass
                 return
 
+    def end(self, learner, stopped_by):
+        self.close()
+
     def close(self):
         self._closed.set()
-        self.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _close_envs(eval_env, env_constructor):
