@@ -31,6 +31,7 @@ Threads: `train()` runs on the caller's thread, which becomes the learner's
 
 import collections
 import os
+import threading
 
 import gin
 import tensorflow as tf
@@ -39,7 +40,7 @@ from tf_agents.policies import greedy_policy
 from tf_agents.utils import common
 
 from alf_async import agents  # noqa: F401  (registers dqn_agent, sac_agent with gin)
-from alf_async import replayers, resume
+from alf_async import replayers, resume, serving_job
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.evaluation import Evaluator
@@ -207,7 +208,8 @@ def train(root_dir,
         intra_op_threads: TF's intra-op thread pool size (None: TF's default).
         seed: seeds TF's global generator and the environments (None: unseeded).
         stop_event: a `threading.Event`; once set, the loop stops cleanly
-            (checkpoint written) at the end of the iteration.
+            (checkpoint written) at the end of the iteration, or at once
+            if it is waiting for experience (a serving job without clients).
         print_fn: callable(str) for the progress lines (default: print to stdout,
             flushed).
         random_initial_collect: act with uniform random actions until the
@@ -248,7 +250,8 @@ def train(root_dir,
     except (ValueError, TypeError) as e:
         # Nothing has started yet: a bad name, spec or queue configuration.
         raise ConfigError(one_line(e)) from e
-    agent, driver, replayer, eval_env, checkpointer, counters, solved, changed = built
+    agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved, \
+        changed = built
     try:
         if hasattr(replayer, "check_schedule"):  # a rate-limited replayer (Reverb)
             try:
@@ -272,6 +275,10 @@ def train(root_dir,
                  CheckpointHook(checkpointer, checkpoint_interval,
                                 replay=replayer if hasattr(replayer, "checkpoint") else None),
                  ProgressHook(print_fn, log_interval_secs)]
+        if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+            hooks.append(serving_job.ServingAnnouncement(env_constructor, root_dir, print_fn))
+        waker = _StopWaker(stop_event) if stop_event is not None else None
+        hooks.append(waker)   # the last: begins once every other hook has
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
             sample_batch_size=sample_batch_size, initial_collect_steps=initial_collect_steps,
@@ -280,13 +287,15 @@ def train(root_dir,
             summary_interval=summary_interval, stop_event=stop_event)
     except BaseException:
         driver.stop()
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         _close(replayer)
         raise
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
-        eval_env.close()
+        if waker is not None:
+            waker.close()
+        _close_envs(eval_env, env_constructor)
         _close(replayer)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "
              f"step {learner.train_step}, env steps {learner.env_steps}; checkpoint in "
@@ -315,6 +324,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
                            seed=eval_seed)
     replayer = None
+    env_constructor = None
     try:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
@@ -336,7 +346,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
             learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
             exp_observers=[replayer])
     except BaseException:
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         _close(replayer)
         raise
     try:
@@ -356,10 +366,59 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         changed = resume.apply_config(configured)
     except BaseException:
         driver.stop()
-        eval_env.close()
+        _close_envs(eval_env, env_constructor)
         _close(replayer)
         raise
-    return agent, driver, replayer, eval_env, checkpointer, counters, solved, changed
+    return (agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved,
+            changed)
+
+
+class _StopWaker(Hook):
+    """Calls `learner.stop()` once `stop_event` is set: the event alone ends the
+    loop only at the end of an iteration, and a learner waiting for
+    experience that never comes (a serving job without clients) would wait
+    for ever.
+
+    Threads: `begin` (the learner's thread, after every other hook began:
+    this one is the last) starts a daemon thread that polls the event every
+    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
+    end and join it.
+    """
+
+    def __init__(self, stop_event):
+        self._stop_event = stop_event
+        self._closed = threading.Event()
+        self._thread = None
+
+    def begin(self, learner):
+        self._thread = threading.Thread(target=self._run, args=(learner,), name="stop_waker",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, learner):
+        while not self._closed.wait(0.1):
+            if self._stop_event.is_set():
+                try:
+                    learner.stop()
+                except Exception:  # pylint: disable=broad-except  (learner.run raises it)
+                    pass
+                return
+
+    def end(self, learner, stopped_by):
+        self.close()
+
+    def close(self):
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _close_envs(eval_env, env_constructor):
+    """Closes the evaluation environment, and a serving job's server (after the
+    driver stopped; a server whose driver never started is only bound)."""
+    eval_env.close()
+    if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+        env_constructor.close()
 
 
 class OperativeConfigHook(Hook):

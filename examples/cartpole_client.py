@@ -1,22 +1,38 @@
-"""Play CartPole episodes against a policy server (examples/serve_cartpole.py).
+"""Play CartPole episodes against a policy server.
 
-Each client thread runs its own gym CartPole and plays whole episodes:
-start_episode, then get_action / step / log_returns until done, end_episode.
-Several clients at once, remote or local inference:
+The server is either the CLI's serving job or examples/serve_cartpole.py:
 
-    python examples/cartpole_client.py --address http://127.0.0.1:8900 --clients 4
+    alf-async-train --root_dir runs/serving --gin_file gin_configs/dqn_cartpole_serving.gin
+    python examples/cartpole_client.py --address-file runs/serving/server_address --clients 4
+    python examples/cartpole_client.py --address http://127.0.0.1:8900 --token s3cret
     python examples/cartpole_client.py --address ... --inference-mode local
 
-Remote mode needs only the standard library, numpy and gym (no TensorFlow).
+Each client thread runs its own gym CartPole and plays whole episodes:
+start_episode, then get_action (carrying the previous step's reward: one
+round trip per step) / step until done, then the last reward and
+end_episode. Remote mode needs only the standard library, numpy and gym
+(no TensorFlow).
+
+Exit codes: 0 when every client played its episodes; 1, with one line on
+stderr (`cartpole_client: error: ...`), when the server cannot be reached,
+refuses the client (a wrong or missing token) or fails a request.
 """
 
 import argparse
+import sys
 import threading
 import time
 
-import gym
+from alf_async import quiet
 
-from alf_async.serving.client import PolicyClient
+quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before gym is imported
+
+import gym  # noqa: E402
+
+from alf_async.serving.client import PolicyClient  # noqa: E402
+from alf_async.serving.protocol import PolicyServerError  # noqa: E402
+
+PROG = "cartpole_client"
 
 
 def play_episodes(client, num_episodes, seed):
@@ -27,12 +43,13 @@ def play_episodes(client, num_episodes, seed):
         for i in range(num_episodes):
             obs = env.reset(seed=seed * 1000 + i)
             episode_id = client.start_episode()
-            total, done = 0.0, False
+            total, done, reward = 0.0, False, None
             while not done:
-                action = client.get_action(episode_id, obs)
+                # The previous step's reward rides along with the request.
+                action = client.get_action(episode_id, obs, reward=reward)
                 obs, reward, done, _ = env.step(int(action))
-                client.log_returns(episode_id, reward)
                 total += reward
+            client.log_returns(episode_id, reward)
             # A time-limit stop is reported as an end too (the learner then
             # treats it as a termination; CartPole-v0 stops at 200).
             client.end_episode(episode_id, obs)
@@ -43,20 +60,35 @@ def play_episodes(client, num_episodes, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Runs the clients; returns the exit code."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--address", default="http://127.0.0.1:8900")
+    parser.add_argument("--address-file", default=None,
+                        help="read the address from this file (a serving job's "
+                             "ROOT_DIR/server_address); overrides --address")
     parser.add_argument("--token", default=None)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--episodes", type=int, default=10, help="per client")
     parser.add_argument("--inference-mode", default="remote", choices=("remote", "local"))
+    parser.add_argument("--verbose", action="store_true", help="show gym's notices")
     args = parser.parse_args()
+    address = args.address
+    if args.address_file is not None:
+        try:
+            with open(args.address_file, encoding="utf-8") as f:
+                address = f.read().strip()
+        except OSError as e:
+            return _error(f"cannot read --address-file {args.address_file}: {e.strerror}")
 
-    results = {}
+    results, errors = {}, []
 
     def run_client(k):
-        with PolicyClient(args.address, token=args.token,
-                          inference_mode=args.inference_mode, update_interval=5.0) as client:
-            results[k] = play_episodes(client, args.episodes, seed=k)
+        try:
+            with PolicyClient(address, token=args.token, inference_mode=args.inference_mode,
+                              update_interval=5.0) as client:
+                results[k] = play_episodes(client, args.episodes, seed=k)
+        except (ConnectionError, TimeoutError, PolicyServerError, ValueError) as e:
+            errors.append(e)
 
     start = time.monotonic()
     threads = [threading.Thread(target=run_client, args=(k,)) for k in range(args.clients)]
@@ -65,6 +97,8 @@ def main():
     for t in threads:
         t.join()
     elapsed = time.monotonic() - start
+    if errors:
+        return _error(_describe(errors[0], address))
     steps = sum(sum(r) for r in results.values())
     for k in sorted(results):
         r = results[k]
@@ -72,7 +106,21 @@ def main():
               f"first {r[0]:.0f}, last {r[-1]:.0f}")
     print(f"{args.clients} clients ({args.inference_mode}): {steps:.0f} steps in "
           f"{elapsed:.1f} s, {steps / elapsed:.0f} steps/s")
+    return 0
+
+
+def _describe(error, address):
+    if isinstance(error, PermissionError):   # 401: protocol.UnauthorizedError
+        return f"refused by {address}: {error} (check --token)"
+    if isinstance(error, ConnectionError):
+        return f"cannot connect to {address}: {error.__cause__ or error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _error(message):
+    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,8 +20,10 @@ says so and exits 0 without starting anything.
 Output: third-party start-up noise (TensorFlow's banner, gym's notices,
 deprecation warnings) is silenced unless `--verbose` (see alf_async.quiet).
 
-SIGINT / SIGTERM once training started (train() is running): the loop stops
-at the end of its iteration, stops the driver, writes a checkpoint and
+SIGINT / SIGTERM once training started (train() is running, on a thread of
+its own so that the main thread can take signals): the loop stops at the
+end of its iteration (at once if it is waiting for experience, as a serving
+job without clients does), stops the driver, writes a checkpoint and
 exits 0; a second signal interrupts at once (no checkpoint at exit, exit
 130). Ctrl-C before that (imports, gin parsing) prints one line and exits
 130. An error in any thread exits non-zero with the original error after
@@ -222,10 +224,36 @@ def _run(args, training):
     with stop_on_signals(stop_event):
         training.set()
         try:
-            trainer.train(root_dir=args.root_dir, stop_event=stop_event)
+            _train_off_main_thread(trainer, args.root_dir, stop_event)
         except trainer.ConfigError as e:
             return _error(trainer.one_line(e))
     return 0
+
+
+def _train_off_main_thread(trainer, root_dir, stop_event):
+    """Runs `trainer.train()` on a daemon thread; raises its error again here.
+
+    Python runs signal handlers only on the main thread, and only between
+    bytecodes: a learner blocked in TensorFlow waiting for experience (a
+    serving job without clients) would never see SIGINT. So the main thread
+    only waits here; a first signal sets `stop_event` (train() then stops
+    its learner), a second raises KeyboardInterrupt here, and the daemon
+    threads end with the process (no checkpoint at exit).
+    """
+    outcome = []
+
+    def target():
+        try:
+            trainer.train(root_dir=root_dir, stop_event=stop_event)
+        except BaseException as e:  # pylint: disable=broad-except  (raised again below)
+            outcome.append(e)
+
+    thread = threading.Thread(target=target, name="trainer", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if outcome:
+        raise outcome[0]
 
 
 if __name__ == "__main__":
