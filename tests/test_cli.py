@@ -3,6 +3,7 @@ one-line configuration errors with exit 2 and no traceback, Ctrl-C before
 training. Each runs the real CLI in a subprocess."""
 
 import inspect
+import logging
 import os
 import signal
 import subprocess
@@ -147,8 +148,10 @@ def test_gin_files_without_the_required_bindings(tmp_path):
     ("sac_pendulum_subprocess.gin", "sac_pendulum.gin"),
     ("sac_pendulum_gymnasium.gin", "sac_pendulum.gin"),
 ])
-def test_an_overlay_alone_is_its_base_plus_the_overlay(overlay, base, tmp_path, monkeypatch):
+def test_an_overlay_alone_is_its_base_plus_the_overlay(overlay, base, tmp_path, monkeypatch,
+                                                       caplog):
     monkeypatch.chdir(tmp_path)  # the include is found beside the overlay, from anywhere
+    caplog.set_level(logging.INFO)
     gin.clear_config()
     try:
         train_cli.parse_gin([os.path.join(GIN, base)], [])
@@ -162,6 +165,8 @@ def test_an_overlay_alone_is_its_base_plus_the_overlay(overlay, base, tmp_path, 
     finally:
         gin.clear_config()
     assert alone == both != expected
+    # gin's lookups of the include under other search paths say nothing.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 # ------------------------------------------------------------------ Ctrl-C before training

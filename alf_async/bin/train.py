@@ -32,6 +32,7 @@ every thread was stopped.
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -110,6 +111,12 @@ def check_root_dir(root_dir):
         raise ConfigError(f"--root_dir {root_dir} {what} ({e.strerror})") from None
 
 
+def _drop_gin_path_misses(record):
+    """A logging filter: False for gin's "Path not found" lookups (see parse_gin)."""
+    return not (record.pathname.endswith(os.path.join("gin", "resource_reader.py")) and
+                str(record.msg).startswith("Path not found"))
+
+
 def parse_gin(gin_files, gin_params):
     """Parses the files, then each binding; raises ConfigError with one line on any error.
 
@@ -122,11 +129,19 @@ def parse_gin(gin_files, gin_params):
         directory = os.path.dirname(os.path.abspath(path))
         if directory not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
             gin.add_config_file_search_path(directory)
-    for path in gin_files:
-        try:
-            gin.parse_config_file(path)
-        except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
-            raise ConfigError(f"gin file {path}: {_gin_error(e, one_line)}") from None
+    # gin tries an include under every search path in turn and logs "Path not
+    # found" at ERROR for each miss, even when a later one has the file; a file
+    # that is really missing raises below, with its own one line.
+    root_logger = logging.getLogger()
+    root_logger.addFilter(_drop_gin_path_misses)
+    try:
+        for path in gin_files:
+            try:
+                gin.parse_config_file(path)
+            except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
+                raise ConfigError(f"gin file {path}: {_gin_error(e, one_line)}") from None
+    finally:
+        root_logger.removeFilter(_drop_gin_path_misses)
     for param in gin_params:
         try:
             gin.parse_config(param)
