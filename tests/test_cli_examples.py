@@ -1,10 +1,12 @@
 """Quiet starts beyond the main job (issue 15): SubprocessEnv children and the
-examples print nothing of TensorFlow's or gym's; the by-hand example learns."""
+examples print nothing of TensorFlow's or gym's; the by-hand example learns;
+--verbose shows the third-party output again."""
 
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -42,3 +44,15 @@ def test_the_by_hand_example_learns_quietly():
     assert match, last
     # A random policy averages ~20 on CartPole; the by-hand loop used to end near 10.
     assert float(match.group(1)) >= 60.0, proc.stdout
+
+
+def test_verbose_shows_the_third_party_output():
+    with tempfile.TemporaryDirectory() as root_dir:
+        proc = run([sys.executable, "-m", "alf_async.bin.train", "--verbose",
+                    "--root_dir", root_dir,
+                    "--gin_file", os.path.join(REPO, "gin_configs", "smoke.gin"),
+                    "--gin_param", "train.num_iterations = 1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "Gym has been unmaintained since 2022" in output  # gym's import notice
+    assert "[alf_async] stopped (num_iterations) at iteration 1, " in proc.stdout
