@@ -69,8 +69,9 @@ class AsyncOffPolicyDriver(object):
                 thread i uses actor queue i % num_actor_queues.
             unroll_length: T, steps per unroll shipped to the learner.
             learn_queue_cap: unrolls per learner batch.
-            actor_queue_cap: env threads per batched forward pass;
-                num_actor_queues * actor_queue_cap must be <= num_envs.
+            actor_queue_cap: at most this many env threads' requests per
+                batched forward pass (any value >= 1 works: an actor takes
+                the requests that are waiting, up to the cap).
             observers: callables(Trajectory [B, T, ...]), fed every unroll by
                 the LogThread.
             metrics: extra `alf_async.metrics.AsyncStepMetric`s fed by the

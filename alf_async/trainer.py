@@ -186,7 +186,8 @@ def train(root_dir,
         num_envs: env threads of the driver (one environment each).
         env_batch_size: environments batched in each env thread's environment.
         num_actor_queues: actor threads.
-        actor_queue_cap: env threads per batched forward pass.
+        actor_queue_cap: at most this many env threads' requests per batched
+            forward pass (an actor takes what is waiting, up to the cap).
         unroll_length: steps per unroll.
         learn_queue_cap: unrolls per learner batch; one iteration brings
             learn_queue_cap * env_batch_size * unroll_length env steps.
