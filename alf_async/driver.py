@@ -303,6 +303,8 @@ class AsyncOffPolicyDriver(object):
                     self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
                 _close_envs(others)
+                for t in self._env_threads:
+                    t.drop_graph_loop()
                 logger.info("alf_async driver stopped")
 
     # ---------------------------------------------------------------- private

@@ -155,14 +155,25 @@ class EnvThread(threading.Thread):
         """Seconds this thread spent waiting for its actions."""
         return float(self._wait.numpy()) + self._py_wait
 
+    def drop_graph_loop(self):
+        """Drops the traced graph loop of a thread that never ran (the driver's
+        stop() calls it). The loop's graph refers back to this thread (its
+        numpy_function), and that cycle kept ~7 MB per driver alive for good:
+        60 drivers built and stopped in one process grew to 860 MiB, against
+        513 MiB when the loop was traced in run() and dropped with its call.
+        """
+        self._graph_loop = None
+
     def run(self):
         with self._coord.stop_on_exception():
             try:
                 rows = row_envs(self._env)
-                if self._graph_loop is not None:
+                # Held by this call only: see drop_graph_loop.
+                graph_loop, self._graph_loop = self._graph_loop, None
+                if graph_loop is not None:
                     time_step = self._env.reset()
-                    self._graph_loop(tf.nest.flatten(time_step),
-                                     tf.nest.flatten(self._initial_policy_state))
+                    graph_loop(tf.nest.flatten(time_step),
+                               tf.nest.flatten(self._initial_policy_state))
                 elif rows is not None:
                     self._rows_loop(rows)
                 else:
