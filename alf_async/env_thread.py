@@ -2,10 +2,10 @@
 
 Each step the thread puts one request of its B rows (time_step,
 policy_state, env_id) into its actor queue, waits on its own action-return
-queue, and steps the environment. After `unroll_length` steps it puts the unroll — a batch-major Trajectory
-[B, T] and the global env id of each row — into the log queue, then the
-learn queue (in that order, so the metrics never count fewer unrolls than
-the learner was given).
+queue, and steps the environment. After `unroll_length` steps it puts the
+unroll — a batch-major Trajectory [B, T] and the global env id of each row —
+into the log queue, then the learn queue (in that order, so the metrics
+never count fewer unrolls than the learner was given).
 
 The whole loop is one long-running graph call (a tf.while_loop that ends
 only when a queue is closed): the queue traffic and the unroll never touch
