@@ -81,15 +81,21 @@ def random_latency(env_index, rng):
     return rng.uniform(0.0, 0.003)
 
 
+def one_thread_of_blocking_rows(B, T, latency):
+    """A driver of one env thread over B BlockingCountingEnv rows (stepped one
+    by one) whose policy writes its batch size into policy_info."""
+    return make(CountingEnvConstructor(batch_size=B, env_cls=BlockingCountingEnv,
+                                       latency=latency),
+                BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+
+
 def batch_sizes(batches):
     return sorted({int(s) for exp, _ in batches for s in exp.policy_info.ravel()})
 
 
 def test_rows_with_random_latencies_each_get_their_own_actions_in_every_batch_size():
     B, T = 4, 3
-    driver = make(CountingEnvConstructor(batch_size=B, env_cls=BlockingCountingEnv,
-                                         latency=random_latency),
-                  BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+    driver = one_thread_of_blocking_rows(B, T, random_latency)
     driver.start()
     try:
         # Every batch size 1..B should occur with random latencies; collect
@@ -147,9 +153,7 @@ def straggler_latency(env_index, rng):
 
 def test_a_straggler_row_never_holds_up_the_others():
     B, T = 4, 2
-    driver = make(CountingEnvConstructor(batch_size=B, env_cls=BlockingCountingEnv,
-                                         latency=straggler_latency),
-                  BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+    driver = one_thread_of_blocking_rows(B, T, straggler_latency)
     driver.start()
     try:
         batches = collect_until(driver, lambda b: False, 60)  # 60 * B * T = 480 steps
