@@ -15,18 +15,25 @@ and writes every env row as its own stream with `RowWriters` (streams are
 per writer, so collectors never join each other's steps either).
 
 The collection loop is a `Learner` with no agent: it takes the driver's
-batches (for the writers) until stopped; `VariablePullHook` pulls.
+batches (for the writers) until stopped; `VariablePullHook` pulls and then
+reports the collector's episode metrics to the learner (`StatsReporter`:
+one item in the server's `collector_stats` queue table, which the learner
+drains into its own NumberOfEpisodes / EnvironmentSteps / AverageReturn /
+AverageEpisodeLength); with `summary_dir` the collector also writes its
+own summaries there (`CollectorSummaryHook`).
 
 Threads: `run()` on the caller's thread (it blocks in the driver's
-`run_async()`; the writers send in the background and wait there when the
-rate limiter refuses inserts, which is what holds collection to the
-learner's pace); `stop_event.set()` from any thread (a signal handler)
-ends it at the end of an iteration.
+`run_async()`, and after each batch until the server confirmed all but
+the last unroll of each row's items: the rate limiter holds inserts while
+the learner is behind, which is what holds collection to the learner's
+pace); `stop_event.set()` from any thread (a signal handler) ends it at
+the end of an iteration (a wait for the server wakes every 0.2 s for it).
 """
 
 import time
 
 import gin
+import numpy as np
 import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
@@ -38,6 +45,8 @@ from alf_async.learner import Hook, Learner
 from alf_async.reverb_replayer import REPLAY_TABLE, RowWriters
 
 VARIABLE_TABLE = "variables"
+STATS_TABLE = "collector_stats"
+STATS_QUEUE_SIZE = 10000
 POLICY_KEY = reverb_variable_container.POLICY_KEY
 TRAIN_STEP_KEY = reverb_variable_container.TRAIN_STEP_KEY
 
@@ -57,6 +66,56 @@ def variable_table(variables):
     return reverb.Table(VARIABLE_TABLE, sampler=reverb.selectors.Uniform(),
                         remover=reverb.selectors.Fifo(), max_size=1,
                         rate_limiter=reverb.rate_limiters.MinSize(1), signature=signature)
+
+
+STATS_SIGNATURE = {
+    "collector": tf.TensorSpec([], tf.int64),        # collect.collector_id
+    "episodes": tf.TensorSpec([], tf.int64),         # finished since the last report
+    "env_steps": tf.TensorSpec([], tf.int64),        # since the last report
+    "average_return": tf.TensorSpec([], tf.float32),  # of the collector's last 10 episodes
+    "average_length": tf.TensorSpec([], tf.float32),
+}
+
+
+def stats_table(max_size=STATS_QUEUE_SIZE):
+    """The queue of collectors' metric reports (`StatsReporter`), drained by the learner."""
+    return reverb.Table.queue(STATS_TABLE, max_size, signature=STATS_SIGNATURE)
+
+
+class StatsReporter(object):
+    """Sends the collector's metrics to the learner's `collector_stats` table:
+    episodes and env steps since the last report, the current averages
+    (collector's thread; `report` does not block: a full queue drops the
+    report, as the learner only reads the latest averages anyway)."""
+
+    def __init__(self, client, collector_id, driver_metrics):
+        self._client = client
+        self._id = int(collector_id)
+        self._metrics = {m.name: m for m in driver_metrics}
+        self._sent = {"NumberOfEpisodes": 0, "EnvironmentSteps": 0}
+
+    def report(self):
+        totals = {name: int(self._metrics[name].result()) for name in self._sent}
+        if totals["NumberOfEpisodes"] == self._sent["NumberOfEpisodes"] and \
+                totals["EnvironmentSteps"] == self._sent["EnvironmentSteps"]:
+            return
+        item = {
+            "collector": np.int64(self._id),
+            "episodes": np.int64(totals["NumberOfEpisodes"] - self._sent["NumberOfEpisodes"]),
+            "env_steps": np.int64(totals["EnvironmentSteps"] - self._sent["EnvironmentSteps"]),
+            "average_return": np.float32(self._metrics["AverageReturn"].result()),
+            "average_length": np.float32(self._metrics["AverageEpisodeLength"].result()),
+        }
+        if self._client.server_info(timeout=5)[STATS_TABLE].current_size >= STATS_QUEUE_SIZE - 1:
+            return  # nobody drains it (a learner that stopped): drop, never block
+        self._client.insert(item, {STATS_TABLE: 1.0})
+        self._sent = totals
+
+
+def table_sequence_length(client):
+    """The replay table's window length (its signature's leading dimension)."""
+    signature = client.server_info(timeout=5)[REPLAY_TABLE].signature
+    return int(tf.nest.flatten(signature)[0].shape[0])
 
 
 def wait_for_server(address, deadline_secs, print_fn, first_backoff_secs=0.5,
@@ -90,12 +149,15 @@ def wait_for_server(address, deadline_secs, print_fn, first_backoff_secs=0.5,
 
 
 class VariablePullHook(Hook):
-    """Pulls the policy's variables every `interval_secs` (learner's thread)."""
+    """Pulls the policy's variables every `interval_secs`, then sends a
+    stats report if there is a `reporter` (the collection loop's thread;
+    a pull blocks until the learner pushed variables once)."""
 
-    def __init__(self, container, variables, interval_secs):
+    def __init__(self, container, variables, interval_secs, reporter=None):
         self._container = container
         self._variables = variables
         self._interval = interval_secs
+        self._reporter = reporter
         self._last = time.monotonic()
         self.pulls = 0
 
@@ -103,10 +165,60 @@ class VariablePullHook(Hook):
         self._container.update(self._variables, VARIABLE_TABLE)
         self._last = time.monotonic()
         self.pulls += 1
+        if self._reporter is not None:
+            self._reporter.report()
+
+    def end(self, learner, stopped_by):
+        if self._reporter is not None:
+            self._reporter.report()
 
     def after_iteration(self, learner, train_step_before, train_step):
         if time.monotonic() - self._last >= self._interval:
             self.pull()
+
+
+class _PacedWrite(object):
+    """The driver's exp_observer: writes the unroll rows, then waits (on the
+    collection loop's thread, waking every 0.2 s for `stop_event`) until
+    each row has at most one unroll's items unconfirmed by the server, so
+    that a rate limiter holding inserts back holds collection back too."""
+
+    def __init__(self, writers, unroll_length, stop_event):
+        self._writers = writers
+        self._pending = unroll_length
+        self._stop_event = stop_event
+
+    def __call__(self, exp, env_ids):
+        self._writers.write(exp, env_ids)
+        self._writers.wait(self._pending, self._stop_event)
+
+
+class CollectorSummaryHook(Hook):
+    """The collector's own summaries (the driver's metrics under tf-agents'
+    tags, against the learner's train step it last pulled) every
+    `interval_secs` and at the end (the collection loop's thread)."""
+
+    def __init__(self, writer, train_step, interval_secs=10.0):
+        self._writer = writer
+        self._train_step = train_step
+        self._interval = interval_secs
+        self._last = time.monotonic()
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if time.monotonic() - self._last >= self._interval:
+            self._write(learner)
+
+    def end(self, learner, stopped_by):
+        self._write(learner)
+        self._writer.flush()
+
+    def _write(self, learner):
+        driver = learner.driver
+        with self._writer.as_default(), tf.summary.record_if(True):
+            for metric in driver.get_metrics():
+                metric.tf_summaries(train_step=self._train_step,
+                                    step_metrics=driver.get_step_metrics())
+        self._last = time.monotonic()
 
 
 class Collector(object):
@@ -131,10 +243,10 @@ class Collector(object):
 @gin.configurable
 def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQUIRED,
             suite="suite_gym", make_env_constructor=suites.make_env_constructor,
-            sequence_length=gin.REQUIRED, num_envs=1, env_batch_size=1, num_actor_queues=1,
+            sequence_length=None, num_envs=1, env_batch_size=1, num_actor_queues=1,
             actor_queue_cap=1, unroll_length=8, learn_queue_cap=1,
             variable_update_interval=1.0, connect_deadline_secs=60.0, seed=None,
-            print_fn=print):
+            collector_id=0, summary_dir=None, summary_interval_secs=10.0, print_fn=print):
     """Builds a `Collector` writing to `replay_address` (gin: `collect.*`;
     the agent's own bindings are the learner's).
 
@@ -145,16 +257,24 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
             env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
             learn_queue_cap, seed: as `trainer.train`'s.
         sequence_length: steps per replay item (the learner's
-            `ReverbReplayer.sequence_length`).
-        variable_update_interval: seconds between variable pulls.
+            `ReverbReplayer.sequence_length`); None: the replay table's
+            (its signature's leading dimension).
+        variable_update_interval: seconds between variable pulls (and
+            stats reports, if the server has a `collector_stats` table).
         connect_deadline_secs: how long to retry an unreachable server.
+        collector_id: this collector's number (its reports carry it; the
+            learner's launcher sets it).
+        summary_dir: where the collector writes its own summaries (None: none).
+        summary_interval_secs: seconds between those summaries.
         print_fn: callable(str) for the retry lines.
 
     Raises:
         UnreachableError: no server at `replay_address` by the deadline.
     """
     client = wait_for_server(replay_address, connect_deadline_secs, print_fn)
-    del client
+    if sequence_length is None:
+        sequence_length = table_sequence_length(client)
+    has_stats = STATS_TABLE in client.server_info(timeout=5)
     if seed is not None:
         tf.random.set_seed(seed)
     spec_env = suites.load(suite, env_name, batch_size=1)
@@ -169,10 +289,17 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed),
         agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
-        actor_queue_cap=actor_queue_cap, exp_observers=[writers.write])
+        actor_queue_cap=actor_queue_cap,
+        exp_observers=[_PacedWrite(writers, unroll_length, stop_event)])
     container = reverb_variable_container.ReverbVariableContainer(
         replay_address, table_names=[VARIABLE_TABLE])
+    reporter = (StatsReporter(client, collector_id, driver.get_metrics()) if has_stats
+                else None)
     hook = VariablePullHook(container, policy_variables(agent.collect_policy, train_step),
-                            variable_update_interval)
-    learner = Learner(None, driver, hooks=[hook], stop_event=stop_event)
+                            variable_update_interval, reporter)
+    hooks = [hook]
+    if summary_dir:
+        hooks.append(CollectorSummaryHook(tf.summary.create_file_writer(summary_dir),
+                                          train_step, summary_interval_secs))
+    learner = Learner(None, driver, hooks=hooks, stop_event=stop_event)
     return Collector(learner, writers, hook, train_step)

@@ -36,7 +36,9 @@ class SummaryHook(Hook):
         self._health = None
 
     def begin(self, learner):
-        self._health = DriverHealth(learner.driver)
+        driver = learner.driver
+        # A learner fed by collectors (distributed_learner.ReplayFeed) has its own health.
+        self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
 
     def after_iteration(self, learner, train_step_before, train_step):
         if train_step > train_step_before and crossed(train_step_before, train_step,

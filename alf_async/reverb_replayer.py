@@ -154,6 +154,22 @@ class RowWriters(object):
         for writer in self._writers.values():
             writer.flush(timeout_ms=timeout_ms)
 
+    def wait(self, max_pending, stop_event, poll_ms=200):
+        """Waits until each row's stream has at most `max_pending` items the
+        server did not confirm yet (the rate limiter holds inserts there),
+        or `stop_event` is set; returns False if it stopped waiting for that.
+        This is what holds a collector to the learner's pace: without it
+        the items pile up in the writers."""
+        for writer in self._writers.values():
+            while True:
+                try:
+                    writer.flush(block_until_num_items=max_pending, timeout_ms=poll_ms)
+                    break
+                except reverb.errors.DeadlineExceededError:
+                    if stop_event.is_set():
+                        return False
+        return True
+
     def close(self):
         for writer in self._writers.values():
             writer.close()
@@ -221,6 +237,11 @@ class ReverbReplayer(Replayer):
     @property
     def sequence_length(self):
         return self._length
+
+    @property
+    def max_in_flight_samples(self):
+        """Samples the dataset may request ahead of the learner."""
+        return self._in_flight
 
     def table_info(self):
         """The replay table's `reverb.TableInfo` (size, rate limiter counts)."""

@@ -17,6 +17,13 @@ until `num_iterations`, `num_env_steps`, `stop_at_eval_return` or
     root_dir/replay/  Reverb's checkpoints of the replay table (ReverbReplayer)
     root_dir/operative_config-<global step>.gin
 
+With `num_collectors > 0` the run is a learner fed by that many collector
+processes (or Ray actors, `collector_launcher`) through a Reverb server in
+this process, and steps no environment itself but the evaluation's (see
+alf_async.distributed_learner); it also writes root_dir/replay_address,
+root_dir/collector_config.gin and root_dir/collectors/<i>/ (each
+collector's summaries and log.txt).
+
 Running again on the same root_dir restores the latest checkpoint: the
 global (train) step, the iteration and env-step counters and the metrics go
 on where they were; `num_iterations` / `num_env_steps` are totals. A run
@@ -110,6 +117,12 @@ def _check_args(**args):
         raise ConfigError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
     if not callable(args["agent_fn"]):
         raise ConfigError(f"train.agent_fn must be callable, got {args['agent_fn']!r}")
+    value = args["num_collectors"]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"train.num_collectors must be an int >= 0, got {value!r}")
+    if args["collector_launcher"] not in ("local", "ray"):
+        raise ConfigError(f"train.collector_launcher must be 'local' or 'ray', got "
+                          f"{args['collector_launcher']!r}")
 
 
 def _print_flush(line):
@@ -166,7 +179,9 @@ def train(root_dir,
           stop_event=None,
           print_fn=None,
           random_initial_collect=False,
-          greedy_eval=False):
+          greedy_eval=False,
+          num_collectors=0,
+          collector_launcher="local"):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
 
     Args:
@@ -220,6 +235,12 @@ def train(root_dir,
         greedy_eval: evaluate tf-agents' `GreedyPolicy(agent.policy)` (the
             mode of the action distribution: SacAgent's `policy` samples);
             False evaluates `agent.policy` itself (greedy already for DQN).
+        num_collectors: 0 (default): this process collects (the driver).
+            K > 0: K collectors do, writing to a Reverb server here, and
+            this process only learns and evaluates (needs
+            `replayer_fn = @ReverbReplayer`; see distributed_learner.py).
+        collector_launcher: how the K collectors start: 'local' (child
+            processes) or 'ray' (Ray actors); see collector_launcher.py.
 
     Returns:
         A `TrainResult`.
@@ -245,7 +266,8 @@ def train(root_dir,
         built = _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn,
                        num_envs, env_batch_size, num_actor_queues, actor_queue_cap,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed,
-                       random_initial_collect)
+                       random_initial_collect, num_collectors, collector_launcher,
+                       train_steps_per_iteration * sample_batch_size, print_fn)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -253,8 +275,9 @@ def train(root_dir,
         raise ConfigError(one_line(e)) from e
     agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved, \
         changed = built
+    distributed = env_constructor if num_collectors else None
     try:
-        if hasattr(replayer, "check_schedule"):  # a rate-limited replayer (Reverb)
+        if hasattr(replayer, "check_schedule") and not distributed:  # Reverb, in one process
             try:
                 replayer.check_schedule(train_steps_per_iteration * sample_batch_size,
                                         learn_queue_cap * env_batch_size * unroll_length)
@@ -278,6 +301,8 @@ def train(root_dir,
                  ProgressHook(print_fn, log_interval_secs)]
         if isinstance(env_constructor, serving_job.ServingEnvConstructor):
             hooks.append(serving_job.ServingAnnouncement(env_constructor, root_dir, print_fn))
+        if distributed:
+            hooks.extend(distributed.hooks)
         waker = _StopWaker(stop_event) if stop_event is not None else None
         hooks.append(waker)   # the last: begins once every other hook has
         learner = Learner(
@@ -314,10 +339,13 @@ def _close(replayer):
 
 def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
-           num_eval_episodes, seed, random_initial_collect=False):
+           num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
+           collector_launcher="local", samples_per_iteration=None, print_fn=None):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
-    checkpoint's (see alf_async.resume)."""
+    checkpoint's (see alf_async.resume). With `num_collectors` the driver is
+    a `distributed_learner.ReplayFeed` and the env constructor's place holds
+    the learner role's pieces (`distributed_learner.Built`)."""
     if seed is not None:
         tf.random.set_seed(seed)
     # The specs come from the evaluation environment.
@@ -330,22 +358,17 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
-        env_constructor = make_env_constructor(suite, env_name, batch_size=env_batch_size,
-                                               seed=seed)
-        replayer_args = {}
-        if getattr(replayer_fn, "takes_checkpoint_dir", False):
-            # Replay storage outside TF's checkpoint (Reverb's own checkpointer).
-            replayer_args["checkpoint_dir"] = os.path.join(root_dir, "replay")
-        replayer = replayer_fn(data_spec=agent.collect_data_spec,
-                               num_rows=num_envs * env_batch_size, **replayer_args)
-        collect_policy = agent.collect_policy
-        if random_initial_collect:
-            collect_policy = RandomStartPolicy(collect_policy, global_step)
-        driver = AsyncOffPolicyDriver(
-            env_constructor, collect_policy, num_envs=num_envs,
-            num_actor_queues=num_actor_queues, unroll_length=unroll_length,
-            learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
-            exp_observers=[replayer])
+        if num_collectors:
+            from alf_async import distributed_learner  # pylint: disable=import-outside-toplevel
+            env_constructor = distributed_learner.build(
+                root_dir, agent, replayer_fn, num_envs * env_batch_size, num_collectors,
+                collector_launcher, samples_per_iteration, seed, print_fn)
+            replayer, driver = env_constructor.replayer, env_constructor.feed
+        else:
+            replayer, driver, env_constructor = _build_collection(
+                root_dir, env_name, agent, suite, make_env_constructor, replayer_fn, num_envs,
+                env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
+                learn_queue_cap, seed, random_initial_collect, global_step)
     except BaseException:
         _close_envs(eval_env, env_constructor)
         _close(replayer)
@@ -372,6 +395,37 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         raise
     return (agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved,
             changed)
+
+
+def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, replayer_fn,
+                      num_envs, env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
+                      learn_queue_cap, seed, random_initial_collect, global_step):
+    """The single-process run's replayer, driver (not started) and env
+    constructor; closes what it built if a later piece fails."""
+    env_constructor = replayer = None
+    try:
+        env_constructor = make_env_constructor(suite, env_name, batch_size=env_batch_size,
+                                               seed=seed)
+        replayer_args = {}
+        if getattr(replayer_fn, "takes_checkpoint_dir", False):
+            # Replay storage outside TF's checkpoint (Reverb's own checkpointer).
+            replayer_args["checkpoint_dir"] = os.path.join(root_dir, "replay")
+        replayer = replayer_fn(data_spec=agent.collect_data_spec,
+                               num_rows=num_envs * env_batch_size, **replayer_args)
+        collect_policy = agent.collect_policy
+        if random_initial_collect:
+            collect_policy = RandomStartPolicy(collect_policy, global_step)
+        driver = AsyncOffPolicyDriver(
+            env_constructor, collect_policy, num_envs=num_envs,
+            num_actor_queues=num_actor_queues, unroll_length=unroll_length,
+            learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
+            exp_observers=[replayer])
+    except BaseException:
+        if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+            env_constructor.close()
+        _close(replayer)
+        raise
+    return replayer, driver, env_constructor
 
 
 class _StopWaker(Hook):
@@ -416,9 +470,11 @@ class _StopWaker(Hook):
 
 def _close_envs(eval_env, env_constructor):
     """Closes the evaluation environment, and a serving job's server (after the
-    driver stopped; a server whose driver never started is only bound)."""
+    driver stopped; a server whose driver never started is only bound) or
+    the learner role's collectors and Reverb server."""
     eval_env.close()
-    if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+    if isinstance(env_constructor, serving_job.ServingEnvConstructor) or \
+            getattr(env_constructor, "is_learner_role", False):
         env_constructor.close()
 
 

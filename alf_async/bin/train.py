@@ -227,8 +227,11 @@ def _run(args, training):
     from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from alf_async import trainer  # pylint: disable=import-outside-toplevel
     from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    try:  # registers ReverbReplayer and replay_table with gin, when dm-reverb is installed
+    try:  # registers ReverbReplayer, replay_table and the learner role's knobs
+        # (collect.*, LearnerServer.*, launch_collectors.*, VariablePushHook.*) with
+        # gin, when dm-reverb is installed
         from alf_async import reverb_replayer  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        from alf_async import distributed_learner  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except ImportError:
         pass
     try:

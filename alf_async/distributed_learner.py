@@ -1,0 +1,425 @@
+"""The learner role: `train.num_collectors > 0` (collectors act, the learner only learns).
+
+    alf-async-train --root_dir R --gin_file gin_configs/dqn_cartpole_distributed.gin
+
+With `train.num_collectors = K > 0`, `train()` builds, instead of an
+AsyncOffPolicyDriver stepping environments in this process:
+
+- a `LearnerServer`: one Reverb server in this process with three tables,
+  the replay table (`reverb_replayer.replay_table` with the full two-sided
+  `SampleToInsertRatio`: collectors insert, the learner samples, each side
+  waits for the other), the variable table (`collector.variable_table`:
+  the latest policy variables and train step) and the `collector_stats`
+  queue (the collectors' metric reports). It is checkpointed under
+  `root_dir/replay` with the agent's checkpoints and restored from there on
+  resume (items, rate limiter counts, variables). Reverb binds its port on
+  every interface (`[::]:PORT`), so collectors on other machines reach it
+  at `HOST:PORT` where HOST is this machine's name (`socket.gethostname()`,
+  or `LearnerServer.advertised_host` where that name does not resolve from
+  the collectors' machines); the port is `LearnerServer.port`, or a free
+  one (portpicker). `AddressAnnouncement` prints that address on one line,
+  `[alf_async] collectors connect to HOST:PORT`, and writes it (one line,
+  HOST:PORT) to `root_dir/replay_address`;
+- a `ReverbReplayer` on that server (the learner samples windows of the
+  agent's train_sequence_length);
+- a `ReplayFeed`, which takes the driver's place in the `Learner`: it
+  starts and stops the K collectors (`collector_launcher.launch_collectors`),
+  and its `run_async()` waits (polling the server, interruptible by
+  `stop()`) until the rate limiter will let one iteration's samples
+  through, so that the train step never blocks inside TensorFlow; it
+  returns the env steps the collectors reported meanwhile and keeps the
+  learner's NumberOfEpisodes / EnvironmentSteps / AverageReturn /
+  AverageEpisodeLength from their reports (progress lines and summaries
+  show the collectors' exploring policy, as in one process);
+- a `VariablePushHook`: pushes the policy's variables and the train step to
+  the variable table when the learner begins (after a resume: the restored
+  ones), every `VariablePushHook.interval_secs` (default 0.5 s, half the
+  collectors' default `collect.variable_update_interval`, so that a pull
+  sees variables at most ~1.5 s old) and at the end.
+
+Training starts once the table holds `replay_table.min_size` items (the
+rate limiter's minimum; `train.initial_collect_steps` counts the env steps
+the collectors reported). Evaluation, checkpoints, summaries,
+`stop_at_eval_return` and the progress lines are the single-process run's.
+
+Threads: everything here runs on the learner's thread except
+`ReplayFeed.stop()` (any thread; it stops the collectors, which blocks up
+to the launcher's grace period) and the launcher's monitor thread (see
+collector_launcher.py).
+"""
+
+import os
+import socket
+import threading
+import time
+import types
+
+import gin
+import numpy as np
+import portpicker
+import reverb
+import tensorflow as tf
+from tf_agents.experimental.distributed import reverb_variable_container
+
+from alf_async import collector_launcher
+from alf_async import metrics as metrics_lib
+from alf_async.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
+                                 variable_table)
+from alf_async.driver import DriverStoppedError
+from alf_async.learner import Hook
+from alf_async.reverb_replayer import REPLAY_TABLE, replay_table
+
+ADDRESS_FILE = "replay_address"
+# The run's whole gin config (gin.config_str()), which the local collectors read.
+CONFIG_FILE = "collector_config.gin"
+
+
+@gin.configurable
+class LearnerServer(object):
+    """The learner's Reverb server (see module docstring).
+
+    Args:
+        data_spec: one step's nest of TensorSpecs (agent.collect_data_spec).
+        sequence_length: steps per replay item.
+        variables: the nest `collector.policy_variables` pushes.
+        checkpoint_dir: Reverb's checkpoints (restored at start if any).
+        port: the port (None: a free one).
+        advertised_host: the host name collectors use (None: socket.gethostname()).
+
+    Attributes:
+        address: 'HOST:PORT' for collectors anywhere.
+        local_address: 'localhost:PORT' for this machine's collectors.
+    """
+
+    def __init__(self, data_spec, sequence_length, variables, checkpoint_dir, port=None,
+                 advertised_host=None):
+        port = port or portpicker.pick_unused_port()
+        tables = [replay_table(data_spec, sequence_length, learner_in_process=False),
+                  variable_table(variables), stats_table()]
+        self.server = reverb.Server(
+            tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
+                checkpoint_dir))
+        self.port = self.server.port
+        self.address = f"{advertised_host or socket.gethostname()}:{self.port}"
+        self.local_address = f"localhost:{self.port}"
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class ReportedCount(metrics_lib.AsyncStepMetric):
+    """A count summed from the collectors' reports (checkpointed like the driver's)."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self._count = 0
+
+    def add(self, n):
+        with self._lock:
+            self._count += int(n)
+
+    def _result(self):
+        return np.int64(self._count)
+
+    def _reset(self):
+        self._count = 0
+
+    def _get_state(self):
+        return {"count": self._count}
+
+    def _set_state(self, state):
+        self._count = int(state["count"])
+
+
+class ReportedAverage(metrics_lib.AsyncStepMetric):
+    """The mean of each collector's latest reported average (over its last
+    10 episodes); collectors that never finished an episode are left out."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        # In a namespace: a dict attribute of a tf.Module would be wrapped for tracking.
+        self._state = types.SimpleNamespace(latest={})
+
+    def set(self, collector_id, value):
+        with self._lock:
+            self._state.latest[str(int(collector_id))] = float(value)
+
+    def _result(self):
+        values = list(self._state.latest.values())
+        return np.float32(np.mean(values)) if values else np.float32(0.0)
+
+    def _reset(self):
+        self._state.latest = {}
+
+    def _get_state(self):
+        return {"latest": dict(self._state.latest)}
+
+    def _set_state(self, state):
+        self._state.latest = {k: float(v) for k, v in state["latest"].items()}
+
+
+class ReplayFeed(object):
+    """The driver's stand-in for a learner fed by collectors (module docstring).
+
+    Args:
+        client: a `reverb.Client` of the learner's server.
+        samples_per_iteration: train_steps_per_iteration x sample_batch_size.
+        samples_in_flight: what the replayer's dataset may request ahead.
+        collectors: the launcher (`collector_launcher.LocalCollectors` or
+            `RayCollectors`), not started.
+        poll_secs: seconds between polls of the server while waiting.
+
+    Threads: `start`, `run_async`, `get_metrics`, `get_step_metrics`,
+    `health` on the learner's thread; `stop()` from any thread (idempotent;
+    a `run_async` waiting meanwhile raises `DriverStoppedError`).
+    `run_async` blocks until the table can serve an iteration's samples,
+    raising the launcher's error if collectors died beyond their budget.
+    """
+
+    def __init__(self, client, samples_per_iteration, samples_in_flight, collectors,
+                 poll_secs=0.005):
+        self._client = client
+        self._needed = samples_per_iteration + samples_in_flight
+        self._collectors = collectors
+        self._poll = poll_secs
+        self._stop = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._started = False
+        self._pending_steps = 0
+        self._last_samples = None
+        self._episodes = ReportedCount("NumberOfEpisodes")
+        self._env_steps = ReportedCount("EnvironmentSteps")
+        self._return = ReportedAverage("AverageReturn")
+        self._length = ReportedAverage("AverageEpisodeLength")
+
+    @property
+    def collectors(self):
+        return self._collectors
+
+    def check_schedule(self):
+        """Raises ValueError unless the rate limiter's window (its error
+        buffer on both sides) holds one iteration's samples plus those in
+        flight: else the learner would wait for inserts the limiter refuses."""
+        info = self._client.server_info(timeout=10)[REPLAY_TABLE].rate_limiter_info
+        window = info.max_diff - info.min_diff
+        if window < self._needed + info.samples_per_insert:
+            raise ValueError(
+                f"replay_table's error_buffer {window / 2:g} is too small for one iteration: "
+                f"the learner needs {self._needed} samples (train_steps_per_iteration x "
+                f"sample_batch_size + ReverbReplayer.max_in_flight_samples_per_worker) within "
+                f"twice the error buffer; set replay_table.error_buffer >= "
+                f"{(self._needed + info.samples_per_insert) / 2:g} or lower "
+                f"train.train_steps_per_iteration")
+
+    def start(self):
+        if self._stop.is_set():
+            raise RuntimeError("the feed was stopped before it started")
+        self._started = True
+        self._collectors.start()
+
+    def run_async(self):
+        """Waits until one iteration's samples can be served; returns the
+        env steps the collectors reported since the last call."""
+        if self._last_samples is not None:
+            # The learner did not sample last iteration (initial_collect_steps):
+            # do not spin on the server.
+            if self._samples() == self._last_samples:
+                self._stop.wait(0.05)
+        while True:
+            if self._stop.is_set():
+                raise DriverStoppedError("the learner's replay feed was stopped")
+            self._collectors.check()
+            info = self._client.server_info(timeout=10)
+            self._drain(int(info[STATS_TABLE].current_size))
+            if self._ready(info[REPLAY_TABLE]):
+                steps, self._pending_steps = self._pending_steps, 0
+                self._last_samples = info[REPLAY_TABLE].rate_limiter_info.sample_stats.completed
+                return steps
+            self._stop.wait(self._poll)
+
+    def _samples(self):
+        info = self._client.server_info(timeout=10)[REPLAY_TABLE]
+        return info.rate_limiter_info.sample_stats.completed
+
+    def _ready(self, table):
+        limiter = table.rate_limiter_info
+        if table.current_size < limiter.min_size_to_sample:
+            return False
+        diff = (limiter.insert_stats.completed * limiter.samples_per_insert -
+                limiter.sample_stats.completed)
+        return diff - self._needed >= limiter.min_diff
+
+    def _drain(self, n):
+        if n <= 0:
+            return
+        for sample in self._client.sample(STATS_TABLE, num_samples=n, emit_timesteps=False,
+                                          unpack_as_table_signature=True):
+            report = {k: np.asarray(v).reshape(-1)[0] for k, v in sample.data.items()}
+            self._episodes.add(report["episodes"])
+            self._env_steps.add(report["env_steps"])
+            self._pending_steps += int(report["env_steps"])
+            if report["episodes"] > 0 or report["average_return"] != 0:
+                self._return.set(report["collector"], report["average_return"])
+                self._length.set(report["collector"], report["average_length"])
+
+    def get_metrics(self):
+        return [self._episodes, self._env_steps, self._return, self._length]
+
+    def get_step_metrics(self):
+        return [self._episodes, self._env_steps]
+
+    def health(self):
+        return FeedHealth(self._client, self._collectors)
+
+    def stop(self):
+        """Stops waiting and stops the collectors (blocks up to the launcher's
+        grace period). Idempotent; any thread."""
+        self._stop.set()
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            if self._started:
+                self._collectors.stop()
+
+
+class FeedHealth(object):
+    """`SummaryHook`'s health summaries for a `ReplayFeed`: Replay/size,
+    Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
+    (observed over the interval), Collectors/restarts."""
+
+    def __init__(self, client, collectors):
+        self._client = client
+        self._collectors = collectors
+        self._last = None
+
+    def write(self, train_step):
+        table = self._client.server_info(timeout=10)[REPLAY_TABLE]
+        limiter = table.rate_limiter_info
+        now = time.monotonic()
+        counts = (limiter.insert_stats.completed, limiter.sample_stats.completed)
+        last, self._last = self._last, (now, counts)
+        step = tf.constant(train_step, tf.int64)
+        tf.summary.scalar("Replay/size", table.current_size, step=step)
+        if last is not None and now > last[0]:
+            inserts, samples = counts[0] - last[1][0], counts[1] - last[1][1]
+            tf.summary.scalar("Replay/inserts_per_sec", inserts / (now - last[0]), step=step)
+            tf.summary.scalar("Replay/samples_per_sec", samples / (now - last[0]), step=step)
+            if inserts > 0:
+                tf.summary.scalar("Replay/samples_per_insert", samples / inserts, step=step)
+        tf.summary.scalar("Collectors/restarts", self._collectors.restarts, step=step)
+
+
+@gin.configurable
+class VariablePushHook(Hook):
+    """Pushes the policy's variables and the train step to the variable
+    table at `begin`, every `interval_secs` and at `end` (learner's thread;
+    a push is one Reverb insert, which does not wait: the table keeps the
+    latest item only)."""
+
+    def __init__(self, address, variables, interval_secs=0.5):
+        self._container = reverb_variable_container.ReverbVariableContainer(
+            address, table_names=[VARIABLE_TABLE])
+        self._variables = variables
+        self._interval = interval_secs
+        self._last = None
+        self.pushes = 0
+
+    def push(self):
+        self._container.push(self._variables, VARIABLE_TABLE)
+        self._last = time.monotonic()
+        self.pushes += 1
+
+    def begin(self, learner):
+        self.push()
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > train_step_before and time.monotonic() - self._last >= self._interval:
+            self.push()
+
+    def end(self, learner, stopped_by):
+        self.push()
+
+
+class AddressAnnouncement(Hook):
+    """Prints the address collectors use and writes it to
+    root_dir/replay_address when the learner begins (learner's thread)."""
+
+    def __init__(self, address, root_dir, print_fn):
+        self._address = address
+        self._path = os.path.join(root_dir, ADDRESS_FILE)
+        self._print = print_fn
+
+    def begin(self, learner):
+        tf.io.gfile.makedirs(os.path.dirname(self._path))
+        with open(self._path + ".tmp", "w") as f:
+            f.write(self._address + "\n")
+        os.replace(self._path + ".tmp", self._path)
+        self._print(f"[alf_async] collectors connect to {self._address} (written to "
+                    f"{self._path}): alf-async-collect --replay_address {self._address} "
+                    f"--gin_file ...")
+
+
+class Built(object):
+    """What `build()` returns: the replayer, the feed (the driver's
+    place), the server, and the hooks the trainer adds."""
+
+    is_learner_role = True  # trainer._close_envs closes it
+
+    def __init__(self, replayer, feed, server, hooks):
+        self.replayer = replayer
+        self.feed = feed
+        self.server = server
+        self.hooks = hooks
+
+    def close(self):
+        """Stops the feed (collectors), the replayer and the server."""
+        try:
+            self.feed.stop()
+        finally:
+            self.replayer.close()
+            self.server.stop()
+
+
+def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
+          samples_per_iteration, seed, print_fn):
+    """Builds the learner role's pieces (collectors not started).
+
+    Writes root_dir/collector_config.gin (the run's whole gin config) for
+    the local collectors. Raises ValueError (a config error) if
+    `replayer_fn` is not a Reverb replayer or the schedule does not fit the
+    rate limiter.
+    """
+    if not getattr(replayer_fn, "takes_checkpoint_dir", False):
+        raise ValueError("train.num_collectors > 0 needs train.replayer_fn = @ReverbReplayer "
+                         "(collectors write to the learner's Reverb server)")
+    train_step = agent.train_step_counter
+    variables = policy_variables(agent.collect_policy, train_step)
+    length = agent.train_sequence_length or 2
+    server = LearnerServer(agent.collect_data_spec, length, variables,
+                           os.path.join(root_dir, "replay"))
+    replayer = None
+    try:
+        replayer = replayer_fn(data_spec=agent.collect_data_spec, num_rows=num_rows,
+                               sequence_length=length, server_address=server.local_address)
+        tf.io.gfile.makedirs(root_dir)
+        config_path = os.path.join(root_dir, CONFIG_FILE)
+        with open(config_path, "w") as f:
+            f.write(gin.config_str())
+        collectors = collector_launcher.launch_collectors(
+            launcher_name, num_collectors, server.local_address, config_path, root_dir,
+            print_fn=print_fn, seed=seed)
+        in_flight = getattr(replayer, "max_in_flight_samples", 0)
+        feed = ReplayFeed(replayer.client, samples_per_iteration, in_flight, collectors)
+        feed.check_schedule()
+    except BaseException:
+        if replayer is not None:
+            replayer.close()
+        server.stop()
+        raise
+    hooks = [VariablePushHook(server.local_address, variables),
+             AddressAnnouncement(server.address, root_dir, print_fn)]
+    return Built(replayer, feed, server, hooks)
