@@ -403,6 +403,12 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
                            os.path.join(root_dir, "replay"))
     replayer = None
     try:
+        table = reverb.Client(server.local_address).server_info(timeout=10)[REPLAY_TABLE]
+        limiter = table.rate_limiter_info
+        if limiter.insert_stats.completed:
+            print_fn(f"[alf_async] replay restored from {os.path.join(root_dir, 'replay')}: "
+                     f"{table.current_size} items ({limiter.insert_stats.completed} inserted, "
+                     f"{limiter.sample_stats.completed} sampled in all)")
         replayer = replayer_fn(data_spec=agent.collect_data_spec, num_rows=num_rows,
                                sequence_length=length, server_address=server.local_address)
         tf.io.gfile.makedirs(root_dir)

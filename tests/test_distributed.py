@@ -1,0 +1,338 @@
+"""The learner role (train.num_collectors > 0) with real processes and a real
+Reverb server: the learner CLI starts its collectors, restarts one killed
+with SIGKILL, stops them all on SIGINT with replay and agent checkpointed,
+and a rerun restores both and its collectors reconnect; the feed's waits
+and the launcher's restart budget on their own; bad settings exit 2."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import gin
+import pytest
+
+reverb = pytest.importorskip("reverb")
+psutil = pytest.importorskip("psutil")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from alf_async import collector, collector_launcher  # noqa: E402
+from alf_async.distributed_learner import ReplayFeed  # noqa: E402
+from alf_async.driver import DriverStoppedError  # noqa: E402
+from alf_async.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+GIN = os.path.join(REPO, "gin_configs")
+DISTRIBUTED_GIN = os.path.join(GIN, "dqn_cartpole_distributed.gin")
+ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# Tiny and quick: the tests prove the roles and the faults, not learning.
+TINY = [
+    "dqn_agent.fc_layer_params = (16,)",
+    "replay_table.min_size = 100",
+    "replay_table.error_buffer = 400.0",
+    "collect.env_batch_size = 2",
+    "collect.unroll_length = 4",
+    "collect.variable_update_interval = 0.5",
+    "train.num_eval_episodes = 2",
+    "train.eval_interval = 100000",
+    "train.stop_at_eval_return = None",
+    "train.summary_interval = 100",
+    "train.log_interval_secs = 0.5",
+]
+PROGRESS = re.compile(r"\[alf_async\] iteration \d+ \| env steps \d+ .*\| train steps (\d+) ")
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+class Learner(object):
+    """The learner CLI as a process whose stdout is read line by line by a thread."""
+
+    def __init__(self, root_dir, *params):
+        args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
+                "--gin_file", DISTRIBUTED_GIN]
+        for p in TINY + list(params):
+            args += ["--gin_param", p]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=ENV, cwd=REPO, start_new_session=True)
+        self.lines = []
+        self.err = []
+        self._threads = [threading.Thread(target=self._read, args=(s, l), daemon=True)
+                         for s, l in ((self.process.stdout, self.lines),
+                                      (self.process.stderr, self.err))]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream, lines):
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                match = predicate(line)
+                if match:
+                    return match
+            assert self.process.poll() is None, (what, self.lines, self.err[-30:])
+            time.sleep(0.1)
+        raise AssertionError(f"no {what} within {timeout} s: {self.lines[-10:]}")
+
+    def train_step(self):
+        steps = [int(m.group(1)) for m in map(PROGRESS.match, list(self.lines)) if m]
+        return steps[-1] if steps else -1
+
+    def collector_pids(self):
+        try:
+            children = psutil.Process(self.process.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        return sorted(c.pid for c in children if "alf_async.bin.collect" in " ".join(
+            _cmdline(c)))
+
+    def finish(self, timeout):
+        self.process.wait(timeout)
+        for t in self._threads:
+            t.join(5)
+
+    def kill(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _cmdline(process):
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie (not reaped yet) is gone too
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(150)
+def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tmp_path):
+    learner = Learner(tmp_path)
+    started = []
+    try:
+        address = learner.wait_for(
+            lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) \(written to ", l),
+            60, "address line").group(1)
+        with open(tmp_path / "replay_address") as f:
+            assert f.read() == address + "\n"
+        assert address.endswith(":" + address.rsplit(":", 1)[1])
+        learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 60,
+                         "training")
+        pids = learner.collector_pids()
+        assert len(pids) == 2
+        started += pids
+
+        # The rate limiter holds samples per insert within its error buffer.
+        port = address.rsplit(":", 1)[1]
+        table = reverb.Client(f"localhost:{port}").server_info()[REPLAY_TABLE]
+        limiter = table.rate_limiter_info
+        diff = (limiter.insert_stats.completed * limiter.samples_per_insert -
+                limiter.sample_stats.completed)
+        assert limiter.samples_per_insert == 4.0 and limiter.max_diff - limiter.min_diff == 800
+        assert limiter.min_diff <= diff <= limiter.max_diff + limiter.samples_per_insert
+
+        os.kill(pids[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        restarted = learner.wait_for(
+            lambda l: re.match(rf"\[alf_async\] collector (\d) \(pid {pids[0]}\) died \(signal "
+                               rf"SIGKILL\); restarted as pid (\d+) \(restart 1\)$", l),
+            10, "restart line")
+        new_pid = int(restarted.group(2))
+        assert new_pid not in pids and time.monotonic() - killed_at < 10
+        assert new_pid in learner.collector_pids()
+        started.append(new_pid)
+        step_at_kill = learner.train_step()
+        learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > step_at_kill,
+                         30, "training after the kill")
+
+        learner.process.send_signal(signal.SIGINT)
+        learner.finish(60)
+        assert learner.process.returncode == 0, learner.err[-30:]
+        assert not [line for line in learner.err if "Traceback" in line]
+        assert all(_gone(pid) for pid in started)
+        stopped = re.match(r"\[alf_async\] stopped \(stop_event\) at iteration \d+, train step "
+                           r"(\d+), env steps (\d+); checkpoint in ", learner.lines[-1])
+        assert stopped, learner.lines[-5:]
+        train_step = int(stopped.group(1))
+        assert train_step > step_at_kill
+        assert os.path.exists(tmp_path / "train" / "checkpoint")
+        assert [d for d in os.listdir(tmp_path / "replay")
+                if os.path.exists(tmp_path / "replay" / d / "DONE")]
+        logs = [open(tmp_path / "collectors" / str(i) / "log.txt").read() for i in (0, 1)]
+        assert sum(log.count("=== ") for log in logs) == 3  # 2 started + 1 restart
+
+        # The rerun restores the agent, the replay table, and collectors reconnect.
+        again = Learner(tmp_path)
+        try:
+            again.wait_for(lambda l: l.startswith(
+                f"[alf_async] resumed from {tmp_path / 'train'}") and
+                f"global step {train_step}," in l, 60, "resume line")
+            restored = again.wait_for(lambda l: re.match(
+                r"\[alf_async\] replay restored from .*: (\d+) items", l), 60, "replay line")
+            assert int(restored.group(1)) > 0
+            again.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > train_step,
+                           60, "training after the resume")
+            started += again.collector_pids()
+            assert len(again.collector_pids()) == 2
+            again.process.send_signal(signal.SIGINT)
+            again.finish(60)
+            assert again.process.returncode == 0, again.err[-30:]
+            assert all(_gone(pid) for pid in started)
+        finally:
+            again.kill()
+    finally:
+        learner.kill()
+        for pid in started:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("param, message", [
+    ("train.num_collectors = -1", "train.num_collectors must be an int >= 0, got -1"),
+    ("train.collector_launcher = 'nope'",
+     "train.collector_launcher must be 'local' or 'ray', got 'nope'"),
+])
+def test_bad_learner_settings_exit_2_with_one_line(tmp_path, param, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
+         "--gin_file", DISTRIBUTED_GIN, "--gin_param", param], capture_output=True, text=True,
+        timeout=50, env=ENV, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"alf-async-train: error: {message}"]
+    assert proc.stdout == ""
+    assert not os.path.exists(tmp_path / "replay_address")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["dqn_cartpole_distributed.gin", "sac_pendulum_distributed.gin"])
+def test_distributed_configs_parse_for_both_roles(name):
+    from alf_async.bin import train as train_cli
+    from alf_async import distributed_learner  # noqa: F401  (registers its knobs)
+    path = os.path.join(GIN, name)
+    train_cli.parse_gin([path], [])
+    assert gin.query_parameter("train.num_collectors") == 2
+    assert gin.query_parameter("train.replayer_fn").configurable.name == "ReverbReplayer"
+    gin.clear_config()
+    # The collector's way (alf-async-collect): the learner's train.* skipped.
+    gin.parse_config_files_and_bindings([path], [], skip_unknown=True)
+    assert gin.query_parameter("collect.agent_fn").configurable.name in ("dqn_agent", "sac_agent")
+    assert gin.query_parameter("collect.env_batch_size") == (16 if "dqn" in name else 2)
+
+
+def _server():
+    spec = {"x": tf.TensorSpec([], tf.float32)}
+    table = replay_table(spec, 1, max_size=1000, samples_per_insert=2.0, min_size=10,
+                         error_buffer=20.0)
+    return reverb.Server([table, collector.stats_table()])
+
+
+@pytest.mark.timeout(30)
+def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_thread(tmp_path):
+    server = _server()
+    client = reverb.Client(f"localhost:{server.port}")
+    none = collector_launcher.LocalCollectors(
+        num_collectors=0, address="unused", config_path="unused", root_dir=str(tmp_path),
+        print_fn=print, seed=None, max_restarts=0, restart_window_secs=1.0, stop_grace_secs=1.0)
+    # 8 samples per iteration, none in flight; min_diff = 2 x 10 - 20 = 0.
+    feed = ReplayFeed(client, 8, 0, none)
+    feed.check_schedule()
+    feed.start()
+    try:
+        result = []
+        waiting = threading.Thread(target=lambda: result.append(feed.run_async()))
+        waiting.start()
+        for i in range(9):
+            client.insert({"x": np.float32(i)}, {REPLAY_TABLE: 1.0})
+        for report in ({"collector": 0, "episodes": 2, "env_steps": 30, "average_return": 10.0,
+                        "average_length": 15.0},
+                       {"collector": 1, "episodes": 1, "env_steps": 20, "average_return": 20.0,
+                        "average_length": 25.0}):
+            client.insert({k: np.asarray(v, collector.STATS_SIGNATURE[k].dtype.as_numpy_dtype)
+                           for k, v in report.items()}, {collector.STATS_TABLE: 1.0})
+        waiting.join(0.5)
+        assert waiting.is_alive()  # 9 items: below min_size 10
+        client.insert({"x": np.float32(9)}, {REPLAY_TABLE: 1.0})  # 10 x 2 - 8 >= 0
+        waiting.join(5)
+        assert result == [50]
+        values = {m.name: float(m.result()) for m in feed.get_metrics()}
+        assert values == {"NumberOfEpisodes": 3.0, "EnvironmentSteps": 50.0,
+                          "AverageReturn": 15.0, "AverageEpisodeLength": 20.0}
+        # Nothing sampled, so the next call is ready too (returns 0 new steps).
+        assert feed.run_async() == 0
+        list(client.sample(REPLAY_TABLE, num_samples=16))  # 10 x 2 - 16 - 8 < 0: not ready
+        errors = []
+
+        def wait_then_fail():
+            try:
+                feed.run_async()
+            except DriverStoppedError as e:
+                errors.append(e)
+
+        waiting = threading.Thread(target=wait_then_fail)
+        waiting.start()
+        time.sleep(0.3)
+        stopped_at = time.monotonic()
+        feed.stop()
+        waiting.join(5)
+        assert len(errors) == 1 and time.monotonic() - stopped_at < 1.0
+    finally:
+        feed.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
+    lines = []
+    # A config file that does not exist: the collector exits 2 at once.
+    launcher = collector_launcher.LocalCollectors(
+        num_collectors=1, address="localhost:1", config_path=str(tmp_path / "missing.gin"),
+        root_dir=str(tmp_path), print_fn=lines.append, seed=None, max_restarts=2,
+        restart_window_secs=600.0, stop_grace_secs=2.0)
+    launcher.start()
+    try:
+        deadline = time.monotonic() + 40
+        error = None
+        while error is None and time.monotonic() < deadline:
+            try:
+                launcher.check()
+            except collector_launcher.CollectorCrashError as e:
+                error = e
+            time.sleep(0.1)
+        assert error is not None, lines
+        assert str(error) == ("collector 0: its process died (exit code 2) and was already "
+                              "restarted 2 times in the last 600 s (max_restarts=2); giving up")
+        assert launcher.restarts == 2
+        restarts = [l for l in lines if "restarted as pid" in l]
+        assert len(restarts) == 2 and all(re.fullmatch(
+            r"\[alf_async\] collector 0 \(pid \d+\) died \(exit code 2\); restarted as pid \d+ "
+            r"\(restart [12]\)", l) for l in restarts)
+        assert lines[-1] == f"[alf_async] {error}"
+        log = open(tmp_path / "collectors" / "0" / "log.txt").read()
+        assert log.count("=== ") == 3 and log.count("gin file not found") == 3
+    finally:
+        launcher.stop()
+    assert launcher.pids() == [None]
