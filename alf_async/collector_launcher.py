@@ -294,11 +294,22 @@ class RayCollectors(_Launcher):
         import ray  # pylint: disable=import-outside-toplevel
         from alf_async.environments.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
         self._ray = ray
+        self._owns_ray = ray_address is None and not ray.is_initialized()
         ensure_ray(ray_address, ray_num_cpus)
         self._actor_class = ray.remote(max_concurrency=2)(_CollectorActor)
         self._options = dict(actor_options or {"num_cpus": 0})
         with open(self._config_path) as f:
             self._config = f.read()
+
+    def stop(self):
+        """Stops the collector actors, then a local Ray this launcher started
+        (its agent processes would outlive the learner otherwise)."""
+        try:
+            super().stop()
+        finally:
+            if self._owns_ray:
+                from alf_async.environments.ray_env import shutdown  # pylint: disable=import-outside-toplevel
+                shutdown()
 
     def _start_one(self, i):
         actor = self._actor_class.options(**self._options).remote()

@@ -231,7 +231,8 @@ def test_bad_learner_settings_exit_2_with_one_line(tmp_path, param, message):
 @pytest.mark.parametrize("name", ["dqn_cartpole_distributed.gin", "sac_pendulum_distributed.gin"])
 def test_distributed_configs_parse_for_both_roles(name):
     from alf_async.bin import train as train_cli
-    from alf_async import distributed_learner  # noqa: F401  (registers its knobs)
+    from alf_async import distributed_learner  # registers its knobs
+    del distributed_learner
     path = os.path.join(GIN, name)
     train_cli.parse_gin([path], [])
     assert gin.query_parameter("train.num_collectors") == 2

@@ -7,7 +7,9 @@
 Builds `alf_async.collector.collect` from the gin files (the learner's
 config: its `train.*` environment and agent bindings are read for
 `collect.*` through gin macros or set directly) and collects until SIGINT /
-SIGTERM (exit 0 at the end of the iteration). A server that cannot be
+SIGTERM (exit 0 at the end of the iteration); once it reached the server
+and built its driver it prints `[alf_async collector] connected to
+ADDRESS; collecting`. A server that cannot be
 reached is retried with backoff, one line per attempt; after
 `collect.connect_deadline_secs` the collector exits 1 with one line
 (`alf-async-collect: error: ...`). Configuration errors exit 2.
@@ -70,6 +72,8 @@ def main(argv=None):
                                       print_fn=lambda line: print(line, flush=True))
         except collector.UnreachableError as e:
             return _error(str(e), EXIT_UNREACHABLE)
+        print(f"[alf_async collector] connected to {args.replay_address}; collecting",
+              flush=True)
         stopped_by = built.run()
     print(f"[alf_async collector] stopped ({stopped_by}) after {built.learner.env_steps} env "
           f"steps, {built.pull_hook.pulls} variable pulls (learner train step "
