@@ -219,6 +219,7 @@ def kill_run(k, kills, interval, root, extra):
     root_dir = os.path.join(root, f"kills_k{k}")
     run = Run(root_dir, DISTRIBUTED_GIN, [
         f"train.num_collectors = {k}", "train.stop_at_eval_return = None",
+        "train.log_interval_secs = 0.5",  # train steps seen between kills
         f"launch_collectors.max_restarts = {kills + 1}"] + extra)
     seen, results, stalls = set(), [], 0
     try:
@@ -230,10 +231,16 @@ def kill_run(k, kills, interval, root, extra):
             time.sleep(0.2)
         for n in range(kills):
             step_before = run.train_step()
-            pids = collector_pids(run.process.pid)
-            seen.update(pids)
-            victim = pids[n % len(pids)]
-            index = _index_of(root_dir, victim)
+            index = n % k  # the collectors in turn
+            wait_until = time.monotonic() + 30
+            while True:
+                pids = collector_pids(run.process.pid)
+                seen.update(pids)
+                by_index = {_index_of(pid): pid for pid in pids}
+                if index in by_index or time.monotonic() > wait_until:
+                    break
+                time.sleep(0.1)
+            victim = by_index[index]
             connected_before = _connected_lines(root_dir, index)
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
@@ -272,13 +279,17 @@ def _secs(value):
     return "never" if value is None else f"{value:.2f} s"
 
 
-def _index_of(root_dir, pid):
+def _index_of(pid):
     import psutil  # pylint: disable=import-outside-toplevel
-    for part in psutil.Process(pid).cmdline():
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return None
+    for part in cmdline:
         m = re.match(r"collect\.collector_id = (\d+)", part)
         if m:
             return int(m.group(1))
-    raise RuntimeError(f"pid {pid} is not a collector")
+    return None
 
 
 def _connected_lines(root_dir, index):
