@@ -19,6 +19,7 @@
   Ray, 'auto' joins the cluster), each running `collector.collect` on the
   run's gin config; `launch_collectors.ray_actor_options` places them
   (e.g. {'num_cpus': 1} to spread them over the cluster's machines).
+- 'none': none; collectors are started by hand (`alf-async-collect`).
 
 A collector that dies (SIGKILL, a crash, a lost Ray node) is restarted
 within a restart budget with the environments' names and meaning
@@ -73,7 +74,7 @@ def launch_collectors(kind, num_collectors, address, config_path, root_dir, prin
     """The launcher of `num_collectors` collectors (not started).
 
     Args:
-        kind: 'local' (child processes) or 'ray' (Ray actors).
+        kind: 'local' (child processes), 'ray' (Ray actors) or 'none'.
         num_collectors: how many.
         address: 'host:port' of the learner's Reverb server.
         config_path: the run's gin config (root_dir/collector_config.gin).
@@ -97,7 +98,9 @@ def launch_collectors(kind, num_collectors, address, config_path, root_dir, prin
     if kind == "ray":
         return RayCollectors(ray_address=ray_address, ray_num_cpus=ray_num_cpus,
                              actor_options=ray_actor_options, **args)
-    raise ValueError(f"train.collector_launcher must be 'local' or 'ray', got {kind!r}")
+    if kind == "none":  # collectors started by hand: nothing to start or restart
+        return LocalCollectors(**dict(args, num_collectors=0))
+    raise ValueError(f"train.collector_launcher must be 'local', 'ray' or 'none', got {kind!r}")
 
 
 class _Launcher(object):

@@ -120,8 +120,8 @@ def _check_args(**args):
     value = args["num_collectors"]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"train.num_collectors must be an int >= 0, got {value!r}")
-    if args["collector_launcher"] not in ("local", "ray"):
-        raise ConfigError(f"train.collector_launcher must be 'local' or 'ray', got "
+    if args["collector_launcher"] not in ("local", "ray", "none"):
+        raise ConfigError(f"train.collector_launcher must be 'local', 'ray' or 'none', got "
                           f"{args['collector_launcher']!r}")
 
 
@@ -240,7 +240,8 @@ def train(root_dir,
             this process only learns and evaluates (needs
             `replayer_fn = @ReverbReplayer`; see distributed_learner.py).
         collector_launcher: how the K collectors start: 'local' (child
-            processes) or 'ray' (Ray actors); see collector_launcher.py.
+            processes), 'ray' (Ray actors) or 'none' (by hand, with
+            alf-async-collect); see collector_launcher.py.
 
     Returns:
         A `TrainResult`.

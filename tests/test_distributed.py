@@ -214,7 +214,7 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
 @pytest.mark.parametrize("param, message", [
     ("train.num_collectors = -1", "train.num_collectors must be an int >= 0, got -1"),
     ("train.collector_launcher = 'nope'",
-     "train.collector_launcher must be 'local' or 'ray', got 'nope'"),
+     "train.collector_launcher must be 'local', 'ray' or 'none', got 'nope'"),
 ])
 def test_bad_learner_settings_exit_2_with_one_line(tmp_path, param, message):
     proc = subprocess.run(
