@@ -337,3 +337,73 @@ def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
     finally:
         launcher.stop()
     assert launcher.pids() == [None]
+
+
+COLLECT_GIN = """
+collect.env_name = 'CartPole-v0'
+collect.agent_fn = @dqn_agent
+collect.num_envs = 1
+collect.env_batch_size = 2
+collect.unroll_length = 4
+collect.variable_update_interval = 0.5
+dqn_agent.fc_layer_params = (16,)
+DqnAgent.n_step_update = 1
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from tf_agents.experimental.distributed import reverb_variable_container
+    from alf_async import agents
+    from alf_async.environments import ray_env, suites
+    gin.parse_config(COLLECT_GIN)
+    env = suites.load("suite_gym", "CartPole-v0", batch_size=1)
+    step = tf.Variable(3, dtype=tf.int64)
+    agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), step)
+    env.close()
+    variables = collector.policy_variables(agent.collect_policy, step)
+    server = reverb.Server([
+        replay_table(agent.collect_data_spec, 2, samples_per_insert=1.0, min_size=1,
+                     error_buffer=10.0 ** 6), collector.variable_table(variables),
+        collector.stats_table()])
+    address = f"localhost:{server.port}"
+    reverb_variable_container.ReverbVariableContainer(
+        address, table_names=[collector.VARIABLE_TABLE]).push(variables, collector.VARIABLE_TABLE)
+    config = tmp_path / "collector_config.gin"
+    config.write_text(COLLECT_GIN)
+    client = reverb.Client(address)
+    lines = []
+    launcher = collector_launcher.launch_collectors(
+        "ray", 1, address, str(config), str(tmp_path), print_fn=lines.append, max_restarts=1,
+        stop_grace_secs=5.0, ray_num_cpus=2)
+
+    def wait_for_items(more_than, timeout):
+        deadline = time.monotonic() + timeout
+        while client.server_info()[REPLAY_TABLE].current_size <= more_than:
+            launcher.check()
+            assert time.monotonic() < deadline, (lines, more_than)
+            time.sleep(0.2)
+        return client.server_info()[REPLAY_TABLE].current_size
+
+    try:
+        launcher.start()
+        size = wait_for_items(10, 60)
+        actor = launcher._workers[0][0]  # pylint: disable=protected-access
+        ray.kill(actor)
+        deadline = time.monotonic() + 10
+        while not lines:
+            assert time.monotonic() < deadline, "no restart within 10 s"
+            time.sleep(0.1)
+        assert re.fullmatch(r"\[alf_async\] collector 0 \(actor \w+\) died \(\w+\); restarted "
+                            r"as actor \w+ \(restart 1\)", lines[0]), lines
+        assert launcher.restarts == 1
+        wait_for_items(size + 10, 60)
+        launcher.check()
+    finally:
+        launcher.stop()
+        server.stop()
+        stopped_ray = not ray.is_initialized()
+        ray_env.shutdown()
+    assert stopped_ray  # the launcher started Ray, so it stopped it (and its actors)
