@@ -2,7 +2,9 @@
 Reverb server: the learner CLI starts its collectors, restarts one killed
 with SIGKILL, stops them all on SIGINT with replay and agent checkpointed,
 and a rerun restores both and its collectors reconnect; the feed's waits
-and the launcher's restart budget on their own; bad settings exit 2."""
+and the launcher's restart budget on their own; Ray collectors restarted
+when their actor is killed; bad settings exit 2; both distributed configs
+parse for both roles."""
 
 import os
 import re
