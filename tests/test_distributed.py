@@ -27,6 +27,7 @@ from alf_async import collector, collector_launcher  # noqa: E402
 from alf_async.distributed_learner import ReplayFeed  # noqa: E402
 from alf_async.driver import DriverStoppedError  # noqa: E402
 from alf_async.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+from test_trainer import read_scalars  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 GIN = os.path.join(REPO, "gin_configs")
@@ -112,6 +113,25 @@ class Learner(object):
             self.process.wait()
 
 
+def connected(root_dir):
+    """How many times the collectors said they were connected (in their logs)."""
+    count = 0
+    for i in (0, 1):
+        try:
+            with open(os.path.join(root_dir, "collectors", str(i), "log.txt")) as f:
+                count += f.read().count("[alf_async collector] connected to localhost:")
+        except OSError:
+            pass
+    return count
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+
+
 def _cmdline(process):
     try:
         return process.cmdline()
@@ -146,6 +166,7 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
         pids = learner.collector_pids()
         assert len(pids) == 2
         started += pids
+        wait_until(lambda: connected(tmp_path) == 2, 60, "both collectors connected")
 
         # The rate limiter holds samples per insert within its error buffer.
         port = address.rsplit(":", 1)[1]
@@ -169,6 +190,7 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
         step_at_kill = learner.train_step()
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > step_at_kill,
                          30, "training after the kill")
+        wait_until(lambda: connected(tmp_path) == 3, 60, "the new collector connected")
 
         learner.process.send_signal(signal.SIGINT)
         learner.finish(60)
@@ -185,6 +207,12 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
                 if os.path.exists(tmp_path / "replay" / d / "DONE")]
         logs = [open(tmp_path / "collectors" / str(i) / "log.txt").read() for i in (0, 1)]
         assert sum(log.count("=== ") for log in logs) == 3  # 2 started + 1 restart
+        train_tags = read_scalars(str(tmp_path / "train"))
+        assert {"Metrics/AverageReturn", "Learner/loss", "Replay/size",
+                "Replay/samples_per_insert", "Collectors/restarts"} <= set(train_tags)
+        assert train_tags["Collectors/restarts"][-1][1] == 1.0
+        assert any("Metrics/AverageReturn" in read_scalars(str(tmp_path / "collectors" / str(i)))
+                   for i in (0, 1))
 
         # The rerun restores the agent, the replay table, and collectors reconnect.
         again = Learner(tmp_path)
