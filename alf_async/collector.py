@@ -224,20 +224,37 @@ class CollectorSummaryHook(Hook):
 class Collector(object):
     """One collection process's pieces; `run()` collects until stopped."""
 
-    def __init__(self, learner, writers, pull_hook, train_step):
+    def __init__(self, learner, writers, pull_hook, train_step, client=None,
+                 stop_event=None):
         self.learner = learner
         self.writers = writers
         self.pull_hook = pull_hook
         self.train_step = train_step
+        self._client = client
+        self._stop_event = stop_event
 
     def run(self, num_iterations=None):
-        """Pulls the variables, collects until `stop_event` (or
-        `num_iterations`), closes the writers; returns why it stopped."""
-        self.pull_hook.pull()
+        """Waits (interruptibly) until the learner pushed variables once,
+        pulls them, collects until `stop_event` (or `num_iterations`),
+        closes the writers; returns why it stopped."""
         try:
+            if not self._wait_for_variables():
+                return "stop_event"
+            self.pull_hook.pull()
             return self.learner.run(num_iterations=num_iterations)
         finally:
             self.writers.close()
+
+    def _wait_for_variables(self, poll_secs=0.1):
+        """A pull blocks inside Reverb until the variable table has an item
+        (a learner still starting up): wait for it here, where a stop can
+        end the wait. False if stopped first."""
+        if self._client is None or self._stop_event is None:
+            return True
+        while self._client.server_info(timeout=10)[VARIABLE_TABLE].current_size < 1:
+            if self._stop_event.wait(poll_secs):
+                return False
+        return True
 
 
 @gin.configurable
@@ -302,4 +319,4 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         hooks.append(CollectorSummaryHook(tf.summary.create_file_writer(summary_dir),
                                           train_step, summary_interval_secs))
     learner = Learner(None, driver, hooks=hooks, stop_event=stop_event)
-    return Collector(learner, writers, hook, train_step)
+    return Collector(learner, writers, hook, train_step, client, stop_event)
