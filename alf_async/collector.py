@@ -148,16 +148,46 @@ def wait_for_server(address, deadline_secs, print_fn, first_backoff_secs=0.5,
         attempt += 1
 
 
+class ServerWatch(object):
+    """Whether the learner's server still answers: `check()` returns True if
+    it does, False if not (yet), and raises `UnreachableError` once it has
+    not answered for `deadline_secs` (a learner that stopped: a collector
+    started by hand then exits with one line). Collection loop's thread;
+    a check blocks at most 2 s."""
+
+    def __init__(self, client, address, deadline_secs):
+        self._client = client
+        self._address = address
+        self._deadline = deadline_secs
+        self._lost_since = None
+
+    def check(self):
+        try:
+            self._client.server_info(timeout=2)
+        except (reverb.errors.DeadlineExceededError, RuntimeError, tf.errors.OpError):
+            now = time.monotonic()
+            if self._lost_since is None:
+                self._lost_since = now
+            elif now - self._lost_since > self._deadline:
+                raise UnreachableError(
+                    f"lost the learner's server at {self._address}: no answer for "
+                    f"{self._deadline:g} s") from None
+            return False
+        self._lost_since = None
+        return True
+
+
 class VariablePullHook(Hook):
     """Pulls the policy's variables every `interval_secs`, then sends a
     stats report if there is a `reporter` (the collection loop's thread;
     a pull blocks until the learner pushed variables once)."""
 
-    def __init__(self, container, variables, interval_secs, reporter=None):
+    def __init__(self, container, variables, interval_secs, reporter=None, watch=None):
         self._container = container
         self._variables = variables
         self._interval = interval_secs
         self._reporter = reporter
+        self._watch = watch
         self._last = time.monotonic()
         self.pulls = 0
 
@@ -169,28 +199,33 @@ class VariablePullHook(Hook):
             self._reporter.report()
 
     def end(self, learner, stopped_by):
-        if self._reporter is not None:
+        if self._reporter is not None and (self._watch is None or self._watch.check()):
             self._reporter.report()
 
     def after_iteration(self, learner, train_step_before, train_step):
         if time.monotonic() - self._last >= self._interval:
-            self.pull()
+            # A pull from a server that is gone could block inside Reverb.
+            if self._watch is None or self._watch.check():
+                self.pull()
 
 
 class _PacedWrite(object):
     """The driver's exp_observer: writes the unroll rows, then waits (on the
     collection loop's thread, waking every 0.2 s for `stop_event`) until
     each row has at most one unroll's items unconfirmed by the server, so
-    that a rate limiter holding inserts back holds collection back too."""
+    that a rate limiter holding inserts back holds collection back too;
+    while it waits, `watch` raises `UnreachableError` once the server has
+    been gone for its deadline."""
 
-    def __init__(self, writers, unroll_length, stop_event):
+    def __init__(self, writers, unroll_length, stop_event, watch):
         self._writers = writers
         self._pending = unroll_length
         self._stop_event = stop_event
+        self._watch = watch
 
     def __call__(self, exp, env_ids):
         self._writers.write(exp, env_ids)
-        self._writers.wait(self._pending, self._stop_event)
+        self._writers.wait(self._pending, self._stop_event, on_timeout=self._watch.check)
 
 
 class CollectorSummaryHook(Hook):
@@ -278,7 +313,8 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
             (its signature's leading dimension).
         variable_update_interval: seconds between variable pulls (and
             stats reports, if the server has a `collector_stats` table).
-        connect_deadline_secs: how long to retry an unreachable server.
+        connect_deadline_secs: how long to retry an unreachable server (at
+            start, and once collecting: then `run()` raises UnreachableError).
         collector_id: this collector's number (its reports carry it; the
             learner's launcher sets it).
         summary_dir: where the collector writes its own summaries (None: none).
@@ -302,18 +338,19 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
     finally:
         spec_env.close()
     writers = RowWriters(reverb.Client(replay_address), sequence_length)
+    watch = ServerWatch(client, replay_address, connect_deadline_secs)
     driver = AsyncOffPolicyDriver(
         make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed),
         agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
         actor_queue_cap=actor_queue_cap,
-        exp_observers=[_PacedWrite(writers, unroll_length, stop_event)])
+        exp_observers=[_PacedWrite(writers, unroll_length, stop_event, watch)])
     container = reverb_variable_container.ReverbVariableContainer(
         replay_address, table_names=[VARIABLE_TABLE])
     reporter = (StatsReporter(client, collector_id, driver.get_metrics()) if has_stats
                 else None)
     hook = VariablePullHook(container, policy_variables(agent.collect_policy, train_step),
-                            variable_update_interval, reporter)
+                            variable_update_interval, reporter, watch)
     hooks = [hook]
     if summary_dir:
         hooks.append(CollectorSummaryHook(tf.summary.create_file_writer(summary_dir),

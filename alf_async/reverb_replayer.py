@@ -154,12 +154,13 @@ class RowWriters(object):
         for writer in self._writers.values():
             writer.flush(timeout_ms=timeout_ms)
 
-    def wait(self, max_pending, stop_event, poll_ms=200):
+    def wait(self, max_pending, stop_event, poll_ms=200, on_timeout=None):
         """Waits until each row's stream has at most `max_pending` items the
         server did not confirm yet (the rate limiter holds inserts there),
         or `stop_event` is set; returns False if it stopped waiting for that.
         This is what holds a collector to the learner's pace: without it
-        the items pile up in the writers."""
+        the items pile up in the writers. `on_timeout()` is called every
+        `poll_ms` of waiting (it may raise, e.g. when the server is gone)."""
         for writer in self._writers.values():
             while True:
                 try:
@@ -168,6 +169,8 @@ class RowWriters(object):
                 except reverb.errors.DeadlineExceededError:
                     if stop_event.is_set():
                         return False
+                    if on_timeout is not None:
+                        on_timeout()
         return True
 
     def close(self):

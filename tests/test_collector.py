@@ -1,6 +1,6 @@
 """alf-async-collect as a real process against a real Reverb server: it
 writes windows, pulls the variables, stops on SIGINT; an unreachable server
-is retried, then one line and exit 1."""
+is retried, then one line and exit 1; so is a server that goes away."""
 
 import os
 import signal
@@ -50,22 +50,28 @@ def run_collect(tmp_path, address, *params):
                             env=env, cwd=str(tmp_path))
 
 
-@pytest.mark.timeout(90)
-def test_collector_writes_windows_and_pulls_variables(tmp_path):
+def start_server(with_stats=False):
+    """A learner's tables (variables pushed, train step 7) on a new server."""
     gin.parse_config(COLLECT_GIN)
     env = suites.load("suite_gym", "CartPole-v0", batch_size=1)
     step = tf.Variable(7, dtype=tf.int64)
     agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), step)
     env.close()
     variables = collector.policy_variables(agent.collect_policy, step)
-    server = reverb.Server([
-        replay_table(agent.collect_data_spec, 2, samples_per_insert=1.0, min_size=1,
-                     error_buffer=1000.0),
-        collector.variable_table(variables)])
+    tables = [replay_table(agent.collect_data_spec, 2, samples_per_insert=1.0, min_size=1,
+                           error_buffer=1000.0), collector.variable_table(variables)]
+    server = reverb.Server(tables + ([collector.stats_table()] if with_stats else []))
     address = f"localhost:{server.port}"
     from tf_agents.experimental.distributed import reverb_variable_container
     reverb_variable_container.ReverbVariableContainer(
         address, table_names=[collector.VARIABLE_TABLE]).push(variables, collector.VARIABLE_TABLE)
+    gin.clear_config()
+    return server, address
+
+
+@pytest.mark.timeout(90)
+def test_collector_writes_windows_and_pulls_variables(tmp_path):
+    server, address = start_server()
     client = reverb.Client(address)
     process = run_collect(tmp_path, address)
     try:
@@ -107,3 +113,30 @@ def test_unreachable_server_is_retried_then_one_line_and_exit_1(tmp_path):
     errors = [line for line in err.strip().splitlines() if line.startswith("alf-async-collect")]
     assert errors == [errors[0]] and errors[0].startswith(
         f"alf-async-collect: error: no Reverb server at localhost:{port} after 3 s")
+
+
+@pytest.mark.timeout(90)
+def test_a_server_that_goes_away_ends_the_collector_with_one_line_and_exit_1(tmp_path):
+    server, address = start_server(with_stats=True)
+    client = reverb.Client(address)
+    process = run_collect(tmp_path, address, "collect.connect_deadline_secs = 2")
+    try:
+        deadline = time.monotonic() + 60
+        while client.server_info()[collector.STATS_TABLE].current_size < 1:  # a report came
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the collector reported nothing in 60 s"
+            time.sleep(0.2)
+        server.stop()
+        stopped_at = time.monotonic()
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, (out, err)
+    assert time.monotonic() - stopped_at < 20
+    assert f"[alf_async collector] connected to {address}; collecting" in out.splitlines()
+    errors = [line for line in err.splitlines() if line.startswith("alf-async-collect")]
+    assert errors == [f"alf-async-collect: error: lost the learner's server at {address}: no "
+                      f"answer for 2 s"]
+    assert "Traceback" not in err

@@ -12,7 +12,9 @@ and built its driver it prints `[alf_async collector] connected to
 ADDRESS; collecting`. A server that cannot be
 reached is retried with backoff, one line per attempt; after
 `collect.connect_deadline_secs` the collector exits 1 with one line
-(`alf-async-collect: error: ...`). Configuration errors exit 2.
+(`alf-async-collect: error: ...`), and so it does when the server stops
+answering for that long once collecting (the learner stopped).
+Configuration errors exit 2.
 """
 
 import argparse
@@ -74,7 +76,10 @@ def main(argv=None):
             return _error(str(e), EXIT_UNREACHABLE)
         print(f"[alf_async collector] connected to {args.replay_address}; collecting",
               flush=True)
-        stopped_by = built.run()
+        try:
+            stopped_by = built.run()
+        except collector.UnreachableError as e:  # the learner went away
+            return _error(str(e), EXIT_UNREACHABLE)
     print(f"[alf_async collector] stopped ({stopped_by}) after {built.learner.env_steps} env "
           f"steps, {built.pull_hook.pulls} variable pulls (learner train step "
           f"{int(built.train_step.numpy())})", flush=True)
