@@ -30,6 +30,7 @@ pace); `stop_event.set()` from any thread (a signal handler) ends it at
 the end of an iteration (a wait for the server wakes every 0.2 s for it).
 """
 
+import threading
 import time
 
 import gin
@@ -53,6 +54,10 @@ TRAIN_STEP_KEY = reverb_variable_container.TRAIN_STEP_KEY
 
 class UnreachableError(RuntimeError):
     """The server did not answer before the deadline."""
+
+
+# What a Reverb client call raises when the server does not answer.
+_CONNECTION_ERRORS = (reverb.errors.DeadlineExceededError, RuntimeError, tf.errors.OpError)
 
 
 def policy_variables(policy, train_step):
@@ -106,9 +111,13 @@ class StatsReporter(object):
             "average_return": np.float32(self._metrics["AverageReturn"].result()),
             "average_length": np.float32(self._metrics["AverageEpisodeLength"].result()),
         }
-        if self._client.server_info(timeout=5)[STATS_TABLE].current_size >= STATS_QUEUE_SIZE - 1:
-            return  # nobody drains it (a learner that stopped): drop, never block
-        self._client.insert(item, {STATS_TABLE: 1.0})
+        try:
+            if self._client.server_info(timeout=5)[STATS_TABLE].current_size >= \
+                    STATS_QUEUE_SIZE - 1:
+                return  # nobody drains it (a learner that stopped): drop, never block
+            self._client.insert(item, {STATS_TABLE: 1.0})
+        except _CONNECTION_ERRORS:
+            return  # the server is gone: ServerWatch says when to give up
         self._sent = totals
 
 
@@ -164,7 +173,7 @@ class ServerWatch(object):
     def check(self):
         try:
             self._client.server_info(timeout=2)
-        except (reverb.errors.DeadlineExceededError, RuntimeError, tf.errors.OpError):
+        except _CONNECTION_ERRORS:
             now = time.monotonic()
             if self._lost_since is None:
                 self._lost_since = now
@@ -179,8 +188,15 @@ class ServerWatch(object):
 
 class VariablePullHook(Hook):
     """Pulls the policy's variables every `interval_secs`, then sends a
-    stats report if there is a `reporter` (the collection loop's thread;
-    a pull blocks until the learner pushed variables once)."""
+    stats report if there is a `reporter`.
+
+    Threads: the collection loop's thread calls everything; a pull and its
+    report run on a short-lived helper thread, since a Reverb sample from
+    a server that went away blocks for ever: the loop's thread waits for
+    it, checking `watch` every second (which raises `UnreachableError`
+    after its deadline, leaving the daemon helper behind in a process that
+    is about to exit). A pull blocks until the learner pushed once.
+    """
 
     def __init__(self, container, variables, interval_secs, reporter=None, watch=None):
         self._container = container
@@ -192,15 +208,41 @@ class VariablePullHook(Hook):
         self.pulls = 0
 
     def pull(self):
-        self._container.update(self._variables, VARIABLE_TABLE)
+        self._on_helper(self._pull_and_report)
         self._last = time.monotonic()
         self.pulls += 1
+
+    def _pull_and_report(self):
+        self._container.update(self._variables, VARIABLE_TABLE)
         if self._reporter is not None:
             self._reporter.report()
 
+    def _on_helper(self, fn):
+        """Runs `fn` on a helper thread; raises its error here."""
+        if self._watch is None:
+            return fn()
+        outcome = []
+
+        def target():
+            try:
+                fn()
+                outcome.append(None)
+            except BaseException as e:  # pylint: disable=broad-except  (raised below)
+                outcome.append(e)
+
+        helper = threading.Thread(target=target, name="variable_pull", daemon=True)
+        helper.start()
+        while True:
+            helper.join(1.0)
+            if outcome:
+                break
+            self._watch.check()
+        if outcome[0] is not None:
+            raise outcome[0]
+
     def end(self, learner, stopped_by):
-        if self._reporter is not None and (self._watch is None or self._watch.check()):
-            self._reporter.report()
+        if self._reporter is not None and self._watch is not None and self._watch.check():
+            self._on_helper(self._reporter.report)
 
     def after_iteration(self, learner, train_step_before, train_step):
         if time.monotonic() - self._last >= self._interval:
@@ -260,13 +302,14 @@ class Collector(object):
     """One collection process's pieces; `run()` collects until stopped."""
 
     def __init__(self, learner, writers, pull_hook, train_step, client=None,
-                 stop_event=None):
+                 stop_event=None, watch=None):
         self.learner = learner
         self.writers = writers
         self.pull_hook = pull_hook
         self.train_step = train_step
         self._client = client
         self._stop_event = stop_event
+        self._watch = watch
 
     def run(self, num_iterations=None):
         """Waits (interruptibly) until the learner pushed variables once,
@@ -286,10 +329,18 @@ class Collector(object):
         end the wait. False if stopped first."""
         if self._client is None or self._stop_event is None:
             return True
-        while self._client.server_info(timeout=10)[VARIABLE_TABLE].current_size < 1:
+        while not self._variables_pushed():
             if self._stop_event.wait(poll_secs):
                 return False
         return True
+
+    def _variables_pushed(self):
+        try:
+            return self._client.server_info(timeout=2)[VARIABLE_TABLE].current_size >= 1
+        except _CONNECTION_ERRORS:
+            if self._watch is not None:
+                self._watch.check()  # raises UnreachableError after its deadline
+            return False
 
 
 @gin.configurable
@@ -356,4 +407,4 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         hooks.append(CollectorSummaryHook(tf.summary.create_file_writer(summary_dir),
                                           train_step, summary_interval_secs))
     learner = Learner(None, driver, hooks=hooks, stop_event=stop_event)
-    return Collector(learner, writers, hook, train_step, client, stop_event)
+    return Collector(learner, writers, hook, train_step, client, stop_event, watch)
