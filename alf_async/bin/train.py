@@ -28,6 +28,11 @@ exits 0; a second signal interrupts at once (no checkpoint at exit, exit
 130). Ctrl-C before that (imports, gin parsing) prints one line and exits
 130. An error in any thread exits non-zero with the original error after
 every thread was stopped.
+
+With `train.num_collectors > 0` (gin_configs/*_distributed.gin) the run is
+a learner that starts its collectors (alf_async.distributed_learner): it
+prints the address they use and writes it to ROOT_DIR/replay_address, and a
+first signal stops the collectors too, before the checkpoint.
 """
 
 import argparse
