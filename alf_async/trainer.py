@@ -46,7 +46,7 @@ from tf_agents.eval import metric_utils
 from tf_agents.policies import greedy_policy
 from tf_agents.utils import common
 
-from alf_async import agents  # noqa: F401  (registers dqn_agent, sac_agent with gin)
+from alf_async import agents  # registers dqn_agent, sac_agent with gin
 from alf_async import replayers, resume, serving_job
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
@@ -55,6 +55,8 @@ from alf_async.learner import Hook, Learner, LearnerCounters
 from alf_async.learner_hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
                                      SummaryHook)
 from alf_async.random_start import RandomStartPolicy
+
+del agents  # imported for its gin registrations only
 
 TrainResult = collections.namedtuple("TrainResult", [
     "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])

@@ -58,9 +58,10 @@ def main(argv=None):
     quiet.quiet(verbose=args.verbose)
     import gin  # pylint: disable=import-outside-toplevel
     from alf_async import collector  # pylint: disable=import-outside-toplevel
-    from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async import replayers  # pylint: disable=import-outside-toplevel
+    from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
     from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
+    del replayers, suites  # imported for their gin registrations only
     try:
         # Unknown configurables of the learner's file (train.*) are the learner's.
         gin.parse_config_files_and_bindings(args.gin_file, args.gin_param,

@@ -229,14 +229,16 @@ def _run(args, training):
     quiet.quiet(verbose=args.verbose)
     # Imported only now: --help and the checks above need no TensorFlow.
     # They register every configurable the gin files name.
-    from alf_async import replayers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async import replayers  # pylint: disable=import-outside-toplevel
     from alf_async import trainer  # pylint: disable=import-outside-toplevel
-    from alf_async.environments import suites  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
+    del replayers, suites  # imported for their gin registrations only
     try:  # registers ReverbReplayer, replay_table and the learner role's knobs
         # (collect.*, LearnerServer.*, launch_collectors.*, VariablePushHook.*) with
         # gin, when dm-reverb is installed
-        from alf_async import reverb_replayer  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-        from alf_async import distributed_learner  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        from alf_async import reverb_replayer  # pylint: disable=import-outside-toplevel
+        from alf_async import distributed_learner  # pylint: disable=import-outside-toplevel
+        del reverb_replayer, distributed_learner
     except ImportError:
         pass
     try:
