@@ -13,7 +13,9 @@
   Ctrl-C in the learner's terminal reaches the learner only, which stops
   them in order) with its output in R/collectors/i/log.txt. Each child asks
   the kernel for SIGKILL if the thread that started it ends
-  (PR_SET_PDEATHSIG), so a learner killed with SIGKILL leaves none behind.
+  (PR_SET_PDEATHSIG, set by alf-async-collect itself when
+  `ALF_ASYNC_PARENT_PID` names its parent: no Python runs between fork and
+  exec), so a learner killed with SIGKILL leaves none behind.
 - 'ray' (`RayCollectors`): one Ray actor per collector (`ensure_ray` as for
   Ray environments: `launch_collectors.ray_address` None starts a local
   Ray, 'auto' joins the cluster), each running `collector.collect` on the
@@ -39,7 +41,6 @@ before it ends. `start()` blocks until every collector was started;
 seconds).
 """
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -51,19 +52,12 @@ import gin
 
 from alf_async.environments.recovery import CrashRecovery
 
-_PR_SET_PDEATHSIG = 1
+# alf-async-collect dies with the process (thread) this names (bin/collect.py).
+PARENT_PID_ENV = "ALF_ASYNC_PARENT_PID"
 
 
 class CollectorCrashError(RuntimeError):
     """A collector died more often than `max_restarts` within the window."""
-
-
-def _die_with_parent():
-    """In the child, before exec: SIGKILL when the starting thread ends."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the learner's stop() still stops them
-        pass
 
 
 @gin.configurable
@@ -237,7 +231,7 @@ class LocalCollectors(_Launcher):
             log.flush()
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}))
 
     def _death(self, process):
         code = process.poll()

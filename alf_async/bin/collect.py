@@ -18,6 +18,9 @@ Configuration errors exit 2.
 """
 
 import argparse
+import ctypes
+import os
+import signal
 import sys
 import threading
 
@@ -49,8 +52,22 @@ def _error(message, code):
     return code
 
 
+def die_with_parent():
+    """When started by a learner (ALF_ASYNC_PARENT_PID, collector_launcher.py):
+    ask Linux for SIGKILL once the learner's thread that started us ends, and
+    exit if it already has (our parent is then no longer that pid)."""
+    parent = os.environ.get("ALF_ASYNC_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != int(parent):
+        sys.exit(EXIT_UNREACHABLE)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    die_with_parent()
     try:
         check_gin_files(args.gin_file)
     except ConfigError as e:
