@@ -437,3 +437,27 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
         stopped_ray = not ray.is_initialized()
         ray_env.shutdown()
     assert stopped_ray  # the launcher started Ray, so it stopped it (and its actors)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bindings, message", [
+    (["train.replayer_fn = @UniformReplayer"],
+     "train.num_collectors > 0 needs train.replayer_fn = @ReverbReplayer (collectors write to "
+     "the learner's Reverb server)"),
+    (["replay_table.min_size = 100", "replay_table.error_buffer = 100.0"],
+     "replay_table's error_buffer 100 is too small for one iteration: the learner needs 320 "
+     "samples (train_steps_per_iteration x sample_batch_size + "
+     "ReverbReplayer.max_in_flight_samples_per_worker) within twice the error buffer; set "
+     "replay_table.error_buffer >= 162 or lower train.train_steps_per_iteration"),
+])
+def test_a_learner_that_cannot_work_is_a_config_error_before_any_collector(
+        tmp_path, bindings, message):
+    from alf_async import distributed_learner, trainer
+    from alf_async.bin.train import parse_gin
+    del distributed_learner  # registers its knobs
+    parse_gin([DISTRIBUTED_GIN], ["dqn_agent.fc_layer_params = (16,)"] + bindings)
+    with pytest.raises(trainer.ConfigError) as raised:
+        trainer.train(str(tmp_path), print_fn=lambda line: None)
+    assert trainer.one_line(raised.value) == message  # what the CLI prints
+    assert not os.path.exists(tmp_path / "replay_address")
+    assert not os.path.exists(tmp_path / "collectors")
