@@ -237,10 +237,10 @@ def train(root_dir,
         greedy_eval: evaluate tf-agents' `GreedyPolicy(agent.policy)` (the
             mode of the action distribution: SacAgent's `policy` samples);
             False evaluates `agent.policy` itself (greedy already for DQN).
-        num_collectors: 0 (default): this process collects (the driver).
-            K > 0: K collectors do, writing to a Reverb server here, and
-            this process only learns and evaluates (needs
-            `replayer_fn = @ReverbReplayer`; see distributed_learner.py).
+        num_collectors: collector processes that feed this learner through
+            a Reverb server here (0, the default: this process collects
+            itself). With K > 0 this process only learns and evaluates
+            (needs `replayer_fn = @ReverbReplayer`; see distributed_learner.py).
         collector_launcher: how the K collectors start: 'local' (child
             processes), 'ray' (Ray actors) or 'none' (by hand, with
             alf-async-collect); see collector_launcher.py.

@@ -65,7 +65,8 @@ def epilog():
         lines.append(f"      {description}")
     lines += ["",
               "Configs: gin_configs/dqn_cartpole.gin (the main job), sac_pendulum.gin; "
-              "*_subprocess.gin, *_ray.gin and *_gymnasium.gin include their base.",
+              "*_subprocess.gin, *_ray.gin and *_gymnasium.gin include their base; "
+              "*_distributed.gin run a learner and its collector processes (Reverb).",
               "Resuming: the same command on the same --root_dir resumes; a finished "
               "or solved run says so and exits 0."]
     return "\n".join(lines)
