@@ -21,7 +21,9 @@ insert/sample counts) and reports per run:
   its centre `spi x min_size` at any reading, against the error buffer
   ((max_diff - min_diff) / 2): the limiter keeps it within the buffer;
 - time to solve: the learner's loop seconds at the first evaluation >= 195
-  (its eval line), and the whole command's wall time until then.
+  (its eval line), the whole command's wall time until then, and when the
+  first item was inserted (the collectors' start-up: process, TensorFlow
+  import, agent, driver), to subtract.
 
 Then the single-process trainer on --single_gin (default
 gin_configs/dqn_cartpole.gin, the job the distributed config splits
@@ -184,6 +186,11 @@ def summarize(k, seed, run, readings, batch_size):
     result = dict(collectors=k, seed=seed, solved_loop_secs=solved and solved[0],
                   solved_wall_secs=solved and solved[1], solved_env_steps=solved and solved[3],
                   exit_code=run.process.returncode)
+    inserting = [r for r in readings if r["inserts"] > 0]
+    if inserting:
+        # The learner's loop starts before its collectors have imported
+        # TensorFlow: the first insert is where collection really starts.
+        result["first_insert_wall_secs"] = inserting[0]["t"] - run.start
     sampling = [r for r in readings if r["samples"] > 0]
     if len(sampling) >= 2:
         first, last = sampling[0], sampling[-1]
