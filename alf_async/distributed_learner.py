@@ -96,9 +96,13 @@ class LearnerServer(object):
         port = port or portpicker.pick_unused_port()
         tables = [replay_table(data_spec, sequence_length, learner_in_process=False),
                   variable_table(variables), stats_table()]
-        self.server = reverb.Server(
-            tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
-                checkpoint_dir))
+        try:
+            self.server = reverb.Server(
+                tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
+                    checkpoint_dir))
+        except ValueError as e:  # gRPC could not bind (Reverb says only that)
+            raise ValueError(f"the learner's Reverb server cannot listen on port {port} "
+                             f"(LearnerServer.port; in use?): {e}") from e
         self.port = self.server.port
         self.address = f"{advertised_host or socket.gethostname()}:{self.port}"
         self.local_address = f"localhost:{self.port}"
