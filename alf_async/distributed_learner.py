@@ -67,7 +67,7 @@ from alf_async.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, 
                                  variable_table)
 from alf_async.driver import DriverStoppedError
 from alf_async.learner import Hook
-from alf_async.reverb_replayer import REPLAY_TABLE, replay_table
+from alf_async.reverb_replayer import REPLAY_TABLE, replay_table, window_spec
 
 ADDRESS_FILE = "replay_address"
 # The run's whole gin config (gin.config_str()), which the local collectors read.
@@ -388,6 +388,20 @@ class Built(object):
             self.server.stop()
 
 
+def _check_restored_signature(restored, expected, checkpoint_dir):
+    """A Reverb checkpoint brings back its tables' signatures over the ones
+    the server was built with: refuse one that does not fit this config."""
+    shapes = sorted((s.shape.as_list(), s.dtype.name) for s in tf.nest.flatten(restored))
+    wanted = sorted((s.shape.as_list(), s.dtype.name) for s in tf.nest.flatten(expected))
+    if shapes != wanted:
+        steps = tf.nest.flatten(restored)[0].shape.as_list()[:1]
+        raise ValueError(
+            f"the replay table restored from {checkpoint_dir} does not fit this config "
+            f"(windows of {steps[0] if steps else '?'} steps, this config's "
+            f"{tf.nest.flatten(expected)[0].shape.as_list()[0]}; the environment or "
+            f"DqnAgent.n_step_update changed?): use a new --root_dir to start fresh")
+
+
 def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
           samples_per_iteration, seed, print_fn):
     """Builds the learner role's pieces (collectors not started).
@@ -408,6 +422,8 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
     replayer = None
     try:
         table = reverb.Client(server.local_address).server_info(timeout=10)[REPLAY_TABLE]
+        _check_restored_signature(table.signature, window_spec(agent.collect_data_spec, length),
+                                  os.path.join(root_dir, "replay"))
         limiter = table.rate_limiter_info
         if limiter.insert_stats.completed:
             print_fn(f"[alf_async] replay restored from {os.path.join(root_dir, 'replay')}: "
