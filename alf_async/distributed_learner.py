@@ -76,7 +76,8 @@ CONFIG_FILE = "collector_config.gin"
 
 @gin.configurable
 class LearnerServer(object):
-    """The learner's Reverb server (see module docstring).
+    """The learner's Reverb server (see module docstring). Built and stopped
+    by the trainer's thread; Reverb serves on its own threads.
 
     Args:
         data_spec: one step's nest of TensorSpecs (agent.collect_data_spec).
@@ -293,7 +294,9 @@ class ReplayFeed(object):
 class FeedHealth(object):
     """`SummaryHook`'s health summaries for a `ReplayFeed`: Replay/size,
     Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
-    (observed over the interval), Collectors/restarts."""
+    (observed over the interval), Collectors/restarts. `write` runs on the
+    learner's thread (under its summary writer) and blocks for one
+    `server_info` call at most."""
 
     def __init__(self, client, collectors):
         self._client = client
