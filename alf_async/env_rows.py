@@ -116,14 +116,21 @@ class RowWorkers(object):
             except queue.Empty:
                 return results
 
-    def close(self):
-        """Tells every worker to exit once it is idle and waits until they have.
+    def close(self, wait=True):
+        """Tells every worker to exit once it is idle and, with `wait`, waits
+        until they have.
 
         A worker inside a step exits when the step returns; one that never
-        returns keeps the caller here, as a step of its own would.
+        returns keeps a waiting caller here, as a step of its own would. The
+        env thread leaving with an error does not wait: another row may be
+        blocked in a step that only the driver's stop ends (an ExternalEnv
+        slot waiting for a client), and the driver stops only once the
+        error is raised.
         """
         for inbox in self._inboxes:
             inbox.put(_STOP)
+        if not wait:
+            return
         for t in self._threads:
             if t.is_alive():
                 t.join()

@@ -47,7 +47,9 @@ loop; `run()` is this thread; everything blocks inside the graph call
 environment's own step). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
 ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
-(then checks for stop); its row workers are described in env_rows.py. The
+(then checks for stop); its row workers are described in env_rows.py (on
+stop it joins them; leaving with an error it does not, since a row blocked
+in its step ends only when the driver's stop closes the environment). The
 perf counters may be read by any thread.
 """
 
@@ -257,11 +259,13 @@ class EnvThread(threading.Thread):
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
         workers = RowWorkers(self.name, envs, recorder.record)
         workers.start()
+        failed = True
         try:
             while True:
                 results = workers.recv(timeout=0.1)
                 if not results:
                     if self._coord.should_stop():
+                        failed = False
                         return
                     continue
                 rows = []
@@ -291,7 +295,12 @@ class EnvThread(threading.Thread):
                     workers.send(r, action[0] if num_action == 1 else
                                  tf.nest.pack_sequence_as(action_spec, action))
         finally:
-            workers.close()
+            # Leaving with an error of its own (a row's, EndOfData) while the
+            # driver runs: do not wait for rows blocked in a step (an
+            # ExternalEnv slot waiting for a client); the driver stops once
+            # the error is raised and its stop closes them. On stop the
+            # driver has closed them already: wait.
+            workers.close(wait=not failed or self._coord.should_stop())
 
     # ----------------------------------------------------- Python (blocking)
 

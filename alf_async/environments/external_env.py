@@ -130,7 +130,8 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
-from tf_agents.environments import py_environment, tf_py_environment
+from tf_agents.environments import (batched_py_environment, py_environment,
+                                    tf_py_environment)
 from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
@@ -186,33 +187,39 @@ def open_slots():
 
 
 class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
-    """One concurrent-episode slot: a batched (B=1) PyEnvironment fed by clients.
+    """One concurrent-episode slot: a PyEnvironment fed by clients.
+
+    `batched=True`: a batch-1 environment of its own (`slots_per_env=1`);
+    `batched=False`: one row of a BatchedPyEnvironment of slots. The
+    EpisodeTable deals in unbatched steps; a batched slot adds and strips
+    the batch dimension.
 
     Threads: `reset()`/`step()` and then `applied_step()` are called by one
-    driver env thread; the first two block until a client provides the next
-    step (or the ExternalEnv stops: then they raise). `close()` may be
-    called by any thread. The EpisodeTable sets the state below under its
-    lock.
+    driver thread (the env thread, or the row's worker); the first two block
+    until a client provides the next step (or the ExternalEnv stops: then
+    they raise). `close()` may be called by any thread. The EpisodeTable
+    sets the state below under its lock.
     """
 
-    def __init__(self, table, index):
+    def __init__(self, table, index, batched=True):
         super().__init__(handle_auto_reset=False)
         self._table = table
+        self._batched = batched
         self.index = index
         self.used = False      # reset() was called: a driver runs it
         self.closed = False
         self.closed_step_returned = False
         self.episode = None    # the bound episode
         self.current = None    # the time step last returned, and what it means
-        self.applied = (None, np.array([False]))   # of the last step
+        self.applied = (None, False)   # of the last step, unbatched
 
     @property
     def batched(self):
-        return True
+        return self._batched
 
     @property
     def batch_size(self):
-        return 1
+        return 1 if self._batched else None
 
     def observation_spec(self):
         return self._table.observation_array_spec
@@ -221,14 +228,26 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
         return self._table.action_array_spec
 
     def _reset(self):
-        return self._table.slot_reset(self)
+        return self._out(self._table.slot_reset(self))
 
     def _step(self, action):
-        return self._table.slot_step(self, action)
+        if self._batched:
+            action = tf.nest.map_structure(lambda a: a[0], action)
+        return self._out(self._table.slot_step(self, action))
+
+    def _out(self, time_step):
+        if not self._batched:
+            return time_step
+        return tf.nest.map_structure(lambda a: a[None], time_step)
 
     def applied_step(self):
-        """(logged action [1, ...] or None, trainable [1]) of the last step."""
-        return self.applied
+        """(logged action or None, trainable) of the last step; with a batch
+        dimension ([1, ...], [1]) when the slot is batched."""
+        action, trainable = self.applied
+        if not self._batched:
+            return action, trainable
+        return (None if action is None else tf.nest.map_structure(lambda a: a[None], action),
+                np.array([trainable]))
 
     def close(self):
         self._table.slot_close(self)
@@ -380,16 +399,37 @@ class ExternalEnv(threading.Thread):
 
     # ---------------------------------------------------- driver integration
 
-    def env_constructor(self):
-        """The driver's env constructor: each call makes one slot, a batch-1 TFPyEnvironment."""
+    def env_constructor(self, slots_per_env=1):
+        """The driver's env constructor: each call makes `slots_per_env` slots.
+
+        Args:
+            slots_per_env: slots per constructed environment. 1: a batch-1
+                TFPyEnvironment, one slot per env thread. K > 1: a
+                TFPyEnvironment of batch K whose rows are K slots, which the
+                env thread steps one by one, whichever have a client step
+                ready (env_rows.py), so one env thread serves K episodes at
+                once (and a request to the actor carries every slot ready).
+
+        Raises:
+            ValueError: slots_per_env is not an integer >= 1.
+        """
+        if isinstance(slots_per_env, bool) or not isinstance(slots_per_env, int) or \
+                slots_per_env < 1:
+            raise ValueError(f"slots_per_env must be an integer >= 1, got {slots_per_env!r}")
         table = self.__table
 
-        def make_slot():
-            slot = table.add_slot(lambda index: _SlotEnv(table, index))
+        def make_slot(batched):
+            slot = table.add_slot(lambda index: _SlotEnv(table, index, batched=batched))
             _ALL_SLOTS.add(slot)
-            return tf_py_environment.TFPyEnvironment(slot)
+            return slot
 
-        return make_slot
+        def make_slots():
+            if slots_per_env == 1:
+                return tf_py_environment.TFPyEnvironment(make_slot(True))
+            return tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
+                [make_slot(False) for _ in range(slots_per_env)], multithreading=False))
+
+        return make_slots
 
     def time_step_spec(self):
         """The slots' time step spec, as TensorSpecs (for building agents)."""
