@@ -546,9 +546,11 @@ class EpisodeTable(object):
         """True when every slot a driver uses waits for an episode.
 
         Then no env thread is between a step and its next one, i.e. every
-        complete unroll is in the driver's learn queue; each env thread
-        raises ExternalEnvFinished (a capabilities.EndOfData) only once the
-        learner has taken every full batch of those.
+        complete unroll is in the driver's learn queue (or, for slots that
+        are rows of one environment, recorded: the env thread ships those
+        before raising); each env thread raises ExternalEnvFinished (a
+        capabilities.EndOfData) only once the learner has taken every full
+        batch of those.
         """
         return all(s in self._waiting_slots for s in self._slots if s.used and not s.closed)
 

@@ -12,13 +12,13 @@ a game -- calls
     abandon_episode(episode_id)      (an end without a last observation)
 
 Subclass `ExternalEnv`, override `run()`, and give the driver
-`ext.env_constructor()`; nothing else to wire:
+`ext.env_constructor(slots_per_env=K)`; nothing else to wire:
 
     from alf_async.environments import ExternalEnv
 
     ext = MyExternalEnv(action_spec, observation_spec)
-    driver = AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=K,
-                                  exp_observers=[replayer])
+    driver = AsyncOffPolicyDriver(ext.env_constructor(slots_per_env=K), policy,
+                                  num_envs=1, exp_observers=[replayer])
     driver.start()          # starts ext's run() thread (first slot reset)
 
 The pieces: episode_api.py defines the episode methods and checks their
@@ -28,25 +28,31 @@ user-facing class and the slot environment the driver steps.
 
 How episodes reach the driver
 -----------------------------
-Every call of the constructor makes one *slot*: a TFPyEnvironment of batch size 1
-whose `reset()`/`step()` block until an episode has something for it. A slot
-takes the oldest episode that has a step waiting and serves it until it ends;
-K slots serve K episodes at once, each stepped as soon as its client is ready
-(episodes beyond K wait for a free slot). Per slot, the driver sees an ordinary
-stream of tf-agents time steps:
+Every call of the constructor makes `slots_per_env` *slots*, the rows of one
+TFPyEnvironment (with `slots_per_env=1`, a TFPyEnvironment of batch size 1);
+a slot's `reset()`/`step()` block until an episode has something for it. A
+slot takes the oldest episode that has a step waiting and serves it until it
+ends; K slots serve K episodes at once, each stepped as soon as its client is
+ready (episodes beyond K wait for a free slot). The env thread of a batch of
+slots steps each on a worker thread of its own and asks the actor, in one
+request, for the actions of whichever slots are ready (env_rows.py): one env
+thread serves all K. Per slot, the driver sees an ordinary stream of
+tf-agents time steps:
 
-    client                          slot (env thread)                 driver
+    client                          slot (env thread or row worker)   driver
     get_action/log_action(o0)  -->  reset() returns FIRST(o0)    --> policy acts
     get_action(o1)             -->  step(a0): a0 to the client;
                                     returns MID(o1, reward since a0)
     end_episode(o2)            -->  step(a1): returns LAST(o2, reward, discount 0)
     (next episode)             -->  step(ignored) returns FIRST of the next one
 
-Give the actors a large `actor_queue_cap` (e.g. `num_envs // num_actor_queues`):
-actors batch dynamically, i.e. take whichever slots' requests are waiting and
-never wait for a slot whose client is slow, so a large cap only lets one
-forward pass serve many clients (cap 1 means one forward pass per client
-step: ~600 get_action/s for 16 clients in benchmarks/serving.py). One
+With one slot per env thread (`slots_per_env=1`), give the actors a large
+`actor_queue_cap` (e.g. `num_envs // num_actor_queues`): actors batch
+dynamically, i.e. take whichever env threads' requests are waiting and never
+wait for a slot whose client is slow, so a large cap only lets one forward
+pass serve many clients (cap 1 means one forward pass per client step:
+~600 get_action/s for 16 clients in benchmarks/serving.py). With many slots
+per env thread one request already carries every ready slot. One
 ExternalEnv serves one driver: stopping the driver stops it.
 
 Logged actions and training_enabled=False
@@ -77,7 +83,8 @@ Threads
   episode methods, concurrently for different episodes; each episode is
   stepped serially.
 - The slots' `reset()`/`step()`/`applied_step()` are called by the driver's
-  env threads, `close()` by the driver's `stop()`.
+  env threads (by the env thread's row workers when slots_per_env > 1),
+  `close()` by the driver's `stop()`.
 
 What blocks, and how it ends
 ----------------------------
