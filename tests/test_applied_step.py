@@ -66,13 +66,18 @@ class ClippingEnv(py_environment.PyEnvironment, AppliedStep):
         return self._applied
 
 
-def run(tf_env, batches=2):
+def make_driver(tf_env, seen):
+    """One env thread over `tf_env` acting POLICY_ACTION; its log rows go to `seen`."""
     policy = fixed_policy.FixedPolicy(np.int32(POLICY_ACTION), tf_env.time_step_spec(),
                                       tf_env.action_spec())
+    return AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4,
+                                observers=[lambda t: seen.append(t)],
+                                stop_grace_period_secs=1.0)
+
+
+def run(tf_env, batches=2):
     seen = []
-    driver = AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4,
-                                  observers=[lambda t: seen.append(t)],
-                                  stop_grace_period_secs=1.0)
+    driver = make_driver(tf_env, seen)
     driver.start()
     try:
         got = [tf.nest.map_structure(np.asarray, driver.get_training_exps()[0])
@@ -139,12 +144,8 @@ def test_rows_stepped_one_by_one_record_applied_actions_and_vetoes_exactly():
     tf_env = tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
         [BlockingClippingEnv() for _ in range(rows)], multithreading=False))
     assert row_envs(tf_env) is not None   # the rows loop steps it
-    policy = fixed_policy.FixedPolicy(np.int32(POLICY_ACTION), tf_env.time_step_spec(),
-                                      tf_env.action_spec())
     seen = []
-    driver = AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4,
-                                  observers=[lambda t: seen.append(t)],
-                                  stop_grace_period_secs=1.0)
+    driver = make_driver(tf_env, seen)
     by_row = {r: [] for r in range(rows)}   # each row's unrolls, in order
     driver.start()
     try:

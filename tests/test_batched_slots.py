@@ -3,7 +3,9 @@ one env thread serves K episodes, stepping whichever slots have a client step
 ready (EnvThread._rows_loop), with the same exact experience as one slot per
 env thread: logged actions, training_enabled=False episodes inert for the
 learner and counted in the metrics, each slot's unrolls continuing where the
-last ended, policy state per slot, and stop while slots wait.
+last ended, policy state per slot, and stop while slots wait. (An exception
+in run() through batched slots: test_external_env, parametrized by
+slots_per_env; serving through them: test_serving, test_serving_cli.)
 
 Which slot binds which episode is up to the threads, so the assertions find
 each learner row's episode by its observations ([episode, step]) and check
@@ -22,8 +24,8 @@ from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.env_rows import row_envs
-from alf_async.environments import ExternalEnvFinished, ExternalEnvStoppedError
-from test_external_env import (IdleEnv, ScriptedEnv, metric_results, no_external_env_threads_left,
+from alf_async.environments import ExternalEnvFinished
+from test_external_env import (BlockedClients, IdleEnv, ScriptedEnv, metric_results, no_external_env_threads_left,
                                numpy, policy_action, three_steps)
 
 pytestmark = pytest.mark.timeout(60)
@@ -263,67 +265,18 @@ def test_stopping_the_driver_wakes_every_blocked_call_while_slots_wait():
     driver = AsyncOffPolicyDriver(ext.env_constructor(slots_per_env=2),
                                   ObsStatePolicy.stateless(ext), num_envs=1, unroll_length=2,
                                   stop_grace_period_secs=1.0)
-    errors, calls = {}, {"a": 0, "b": 0, "c": 0}
-
-    def client(name, logged):
-        try:
-            eid = ext.start_episode(name)
-            for s in range(100):
-                if logged:
-                    ext.log_action(eid, [1, s], 3)
-                else:
-                    ext.get_action(eid, [0, s])
-                calls[name] += 1
-        except Exception as e:  # pylint: disable=broad-except
-            errors[name] = (e, time.monotonic())
-
+    clients = BlockedClients(ext)
     driver.start()
-    threads = {n: threading.Thread(target=client, args=(n, n == "c")) for n in "abc"}
-    threads["a"].start()
+    clients.start("a")
     # Four unrolls of 2: the first two shipped (the learn queue holds one
     # learner batch, 2 rows), the env thread blocks shipping the next two.
-    deadline = time.monotonic() + 20
-    while calls["a"] < 8 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    threads["b"].start()
+    clients.wait_for("a", 8)
+    clients.start("b")
     time.sleep(0.3)          # b binds the second slot
-    threads["c"].start()     # c waits for a free slot
+    clients.start("c")       # c waits for a free slot
     time.sleep(0.5)
-    assert calls == {"a": 8, "b": 0, "c": 2} and not errors
-    start = time.monotonic()
-    driver.stop()
-    stopped = time.monotonic()
-    for t in threads.values():
-        t.join(5)
-    assert stopped - start < 2.0
-    assert sorted(errors) == ["a", "b", "c"]
-    for e, when in errors.values():
-        assert isinstance(e, ExternalEnvStoppedError)
-        assert "the driver closed its environments" in str(e)
-        assert when - stopped < 0.5
-    ext.join(5)
-
-
-def test_an_exception_in_run_is_raised_in_the_learner_through_batched_slots():
-
-    def fail(env, e):
-        raise KeyError("boom in run()")
-
-    ext = ScriptedEnv([three_steps(), three_steps(), fail])
-    driver = AsyncOffPolicyDriver(ext.env_constructor(slots_per_env=3),
-                                  ObsStatePolicy.stateless(ext), num_envs=1, unroll_length=4,
-                                  stop_grace_period_secs=1.0)
-    driver.start()
-    try:
-        with pytest.raises(KeyError, match="boom in run"):
-            for _ in range(10):
-                driver.get_training_exps()
-    finally:
-        driver.stop()
-        ext.join(5)
-    with pytest.raises(ExternalEnvStoppedError):
-        ext.start_episode()
-
+    assert clients.calls == {"a": 8, "b": 0, "c": 2} and not clients.errors
+    clients.stop_driver_and_check_every_call_woke(driver)
 
 
 def test_the_serving_jobs_env_batch_size_is_slots_per_env_thread():
