@@ -11,24 +11,36 @@ shared ready queue that the env thread drains.
 
 `row_envs(tf_env)` says which environments are stepped this way: a
 TFPyEnvironment whose Python environment has `envs` (tf-agents'
-BatchedPyEnvironment, our BatchedSubprocessEnv), every one of them unbatched
-and whose step blocks (`capabilities.steps_block`), none of them an
-`AppliedStep` (those are stepped as one batch by the env thread's Python
-loop, which reads what each step applied).
+BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched
+slots), every one of them unbatched and whose step blocks
+(`capabilities.steps_block`). Rows may be `AppliedStep`s (ExternalEnv's
+slots are): a row's worker reads `applied_step()` right after the row's
+step, and `RowRecorder` records the applied action in that row's transition
+and keeps its `trainable` flag with the row's unroll (the env thread makes
+the learner's copy inert where needed, applied_steps.py).
+
+`RowRecorder` keeps each row's unroll as it grows; complete ones wait in
+`complete` until the env thread ships them.
 
 Threads: `start()`, `send()`, `recv()` and `close()` are called by the
 owning env thread only. Each worker thread blocks on its inbox
 (`queue.SimpleQueue.get`) and in its environment's step; `recv` blocks at
 most `timeout` seconds. `close()` tells the workers to exit and joins them:
 a worker inside a step exits when the step returns (the driver closes
-blocking environments on stop, which ends such a step).
+blocking environments on stop, which ends such a step). RowRecorder's
+threads are in its docstring.
 """
 
+import collections
 import queue
 import threading
 
+import numpy as np
+import tensorflow as tf
 from tf_agents.environments import py_environment
+from tf_agents.trajectories import trajectory as trajectory_lib
 
+from alf_async.applied_steps import put_action
 from alf_async.environments import capabilities
 
 _RESET = object()
@@ -50,8 +62,7 @@ def row_envs(tf_env):
     if not envs or getattr(tf_env, "_pool", None) is not None:
         return None
     if all(isinstance(e, py_environment.PyEnvironment) and not e.batched and
-           capabilities.steps_block(e) and not isinstance(e, capabilities.AppliedStep)
-           for e in envs):
+           capabilities.steps_block(e) for e in envs):
         return list(envs)
     return None
 
@@ -64,10 +75,13 @@ class RowWorkers(object):
         Args:
             name: prefix of the worker threads' names.
             envs: unbatched PyEnvironments, one per row.
-            on_step: callable(row, time_step), called by the row's worker
-                after each reset and step, before the row is reported ready.
+            on_step: callable(row, time_step, applied), called by the row's
+                worker after each reset and step, before the row is reported
+                ready; `applied` is the environment's `applied_step()` after
+                a step of an AppliedStep row, else None.
         """
         self._envs = list(envs)
+        self._applies = [isinstance(e, capabilities.AppliedStep) for e in self._envs]
         self._on_step = on_step
         self._ready = queue.SimpleQueue()
         self._inboxes = [queue.SimpleQueue() for _ in self._envs]
@@ -102,14 +116,21 @@ class RowWorkers(object):
             except queue.Empty:
                 return results
 
-    def close(self):
-        """Tells every worker to exit once it is idle and waits until they have.
+    def close(self, wait=True):
+        """Tells every worker to exit once it is idle and, with `wait`, waits
+        until they have.
 
         A worker inside a step exits when the step returns; one that never
-        returns keeps the caller here, as a step of its own would.
+        returns keeps a waiting caller here, as a step of its own would. The
+        env thread leaving with an error does not wait: another row may be
+        blocked in a step that only the driver's stop ends (an ExternalEnv
+        slot waiting for a client), and the driver stops only once the
+        error is raised.
         """
         for inbox in self._inboxes:
             inbox.put(_STOP)
+        if not wait:
+            return
         for t in self._threads:
             if t.is_alive():
                 t.join()
@@ -117,13 +138,107 @@ class RowWorkers(object):
     def _work(self, row):
         env, inbox, ready, on_step = (self._envs[row], self._inboxes[row], self._ready,
                                       self._on_step)
+        applies = self._applies[row]
         while True:
             action = inbox.get()
             if action is _STOP:
                 return
             try:
-                on_step(row, env.reset() if action is _RESET else env.step(action))
+                if action is _RESET:
+                    on_step(row, env.reset(), None)
+                else:
+                    time_step = env.step(action)
+                    on_step(row, time_step, env.applied_step() if applies else None)
             except BaseException as e:  # pylint: disable=broad-except
                 ready.put((row, RowFailed(e)))
                 return
             ready.put((row, None))
+
+
+class RowRecorder(object):
+    """Per-row unroll buffers for `EnvThread._rows_loop`.
+
+    Threads: `record(r, ...)` is called by row r's worker right after its
+    step; `acting_with` and `take_complete` by the env thread. They never
+    touch a row at the same time: a worker records only between receiving
+    its action (after `acting_with`) and reporting ready, and the env thread
+    reads a row only after it reported ready. `complete` is a deque that
+    workers append to and the env thread pops from (both thread-safe).
+    """
+
+    def __init__(self, time_step_spec, policy_step_spec, unroll_spec, B, T):
+        def zeros(spec, outer):
+            return [np.zeros(outer + s.shape.as_list(), s.dtype.as_numpy_dtype)
+                    for s in tf.nest.flatten(spec)]
+
+        self._T = T
+        # The current time step of each row (its last request) and the
+        # policy step it is stepping with, batch-major.
+        self.current = zeros(time_step_spec, [B])
+        self.acting = zeros(policy_step_spec, [B])
+        self._buffers = zeros(unroll_spec, [B])  # [B, T, ...]
+        self._trainable = np.ones([B, T], bool)  # AppliedStep rows' flags
+        self._filled = [0] * B
+        self._started = [False] * B  # acting with a policy step yet
+        # Complete unrolls, in order: (flat trajectory [T, ...], trainable [T], row).
+        self.complete = collections.deque()
+        # Where each trajectory field comes from: a leaf of the current time
+        # step or of the acting policy step (an array above), or a leaf of
+        # the next time step (None, the leaf's index); from_transition only
+        # routes fields, so tracing it with string leaves gives the map.
+        tags = {"current": (time_step_spec, self.current),
+                "acting": (policy_step_spec, self.acting), "next": (time_step_spec, None)}
+        traced = trajectory_lib.from_transition(*(
+            tf.nest.pack_sequence_as(spec, [f"{kind}:{i}"
+                                            for i in range(len(tf.nest.flatten(spec)))])
+            for kind, (spec, _) in tags.items()))
+        num_action = len(tf.nest.flatten(policy_step_spec.action))
+        self._plan = []
+        self._action_buffers = []   # the trajectory's action leaves, in the action's order
+        for buffer, tag in zip(self._buffers, tf.nest.flatten(traced)):
+            kind, i = tag.split(":")
+            arrays = tags[kind][1]
+            self._plan.append((buffer, None if arrays is None else arrays[int(i)], int(i)))
+            if kind == "acting" and int(i) < num_action:
+                self._action_buffers.append(buffer)
+
+    def record(self, r, time_step, applied=None):
+        """Row r stepped to `time_step` (a worker thread); `applied` is its
+        `applied_step()` (action or None, trainable), None for other rows."""
+        flat_next = tf.nest.flatten(time_step)
+        if self._started[r]:
+            t = self._filled[r]
+            for buffer, array, i in self._plan:
+                buffer[r, t] = flat_next[i] if array is None else array[r]
+            if applied is not None:
+                action, trainable = applied
+                if action is not None:
+                    put_action(self._action_buffers, (r, t), action)
+                self._trainable[r, t] = bool(trainable)
+            if t + 1 == self._T:
+                self.complete.append(([b[r].copy() for b in self._buffers],
+                                      self._trainable[r].copy(), r))
+                t = -1
+            self._filled[r] = t + 1
+        for field, value in zip(self.current, flat_next):
+            field[r] = value
+
+    def acting_with(self, rows, flat_step):
+        """`rows` will step with the policy steps `flat_step` (the env thread)."""
+        for field, value in zip(self.acting, flat_step):
+            field[rows] = value
+        for r in rows:
+            self._started[r] = True
+
+    def take_complete(self, env_ids):
+        """The complete unrolls so far, stacked, oldest first.
+
+        Returns:
+            (unroll, trainable, rows): the flat trajectory [n, T, ...] + the
+            rows' env ids [n]; each transition's trainable flag [n, T]; each
+            unroll's row [n] (a row may appear more than once).
+        """
+        complete = [self.complete.popleft() for _ in range(len(self.complete))]
+        unroll = [np.stack(leaves) for leaves in zip(*(c[0] for c in complete))]
+        rows = np.array([c[2] for c in complete], np.int64)
+        return unroll + [env_ids[rows]], np.stack([c[1] for c in complete]), rows

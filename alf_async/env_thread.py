@@ -22,7 +22,12 @@ BatchedSubprocessEnv), each row is stepped on its own worker thread and
 asks for its action as soon as it is ready (`_rows_loop`, env_rows.py): no
 row waits for a slower one. Other blocking environments are stepped as one
 batch from a Python loop with eager queue ops (`_python_loop`). Both stay off
-the graph: inside the graph, a blocked
+the graph, and both record what an `AppliedStep` environment (or row)
+applied (applied_steps.py): its action in the trajectory, and its
+untrainable transitions as inert boundaries in the learn queue's copy of
+the unrolls (the log queue's copy is as it happened); AppliedStep
+environments that do not block are stepped by `_python_loop` too. Inside
+the graph, a blocked
 `numpy_function` holds one of TF's inter-op threads (as many as cores by
 default), so a few blocked steps starved the actors and deadlocked the
 driver (measured: 3 ExternalEnv slots and one client on 2 cores), and at
@@ -42,11 +47,12 @@ loop; `run()` is this thread; everything blocks inside the graph call
 environment's own step). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
 ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
-(then checks for stop); its row workers are described in env_rows.py. The
+(then checks for stop); its row workers are described in env_rows.py (on
+stop it joins them; leaving with an error it does not, since a row blocked
+in its step ends only when the driver's stop closes the environment). The
 perf counters may be read by any thread.
 """
 
-import collections
 import threading
 import time
 
@@ -56,7 +62,7 @@ from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async import applied_steps
-from alf_async.env_rows import RowFailed, RowWorkers, row_envs
+from alf_async.env_rows import RowFailed, RowRecorder, RowWorkers, row_envs
 from alf_async.environments import capabilities
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
@@ -118,8 +124,9 @@ class EnvThread(threading.Thread):
         self._batched_time_step_spec, self._batched_state_spec, _ = actor_queue.element_spec
         self._batched_policy_step_spec = return_queue.element_spec
         self._python_env = uses_python_env(env)
-        # AppliedStep environments are stepped by the Python loop, which reads
-        # their applied_step() (see applied_steps.py).
+        # AppliedStep environments are stepped by a Python loop, which reads
+        # their applied_step() (see applied_steps.py): by rows if row_envs()
+        # takes them, else as one batch.
         self._reports_applied = applied_steps.reports(env)
         if self._reports_applied and not self._python_env:
             raise ValueError(f"{name}: its environment reports applied steps (AppliedStep) "
@@ -210,6 +217,15 @@ class EnvThread(threading.Thread):
         learn queue). A row waits only for its own step and one forward pass,
         never for the other rows of its batch.
 
+        AppliedStep rows: each worker reads its row's `applied_step()` right
+        after the step, and the recorder puts the applied action into the
+        row's transition and keeps its trainable flag; the learn queue gets
+        the shipped unrolls with untrainable transitions made inert
+        (`InertBoundaries`, per row, across the row's unrolls), the log queue
+        as they happened. When a row's step raises `EndOfData`, the unrolls
+        already complete are shipped before it is raised (fewer than B may
+        be waiting: the data's last unrolls would be lost otherwise).
+
         Every blocking call of this thread releases the GIL, and taking it
         back means waiting behind the workers that want it (instrumented with
         32 workers on 2 cores: ~0.5-1 ms per call), so the loop makes few:
@@ -226,29 +242,42 @@ class EnvThread(threading.Thread):
         num_state = len(tf.nest.flatten(step_spec.state))
         action_spec = self._env.pyenv.action_spec()
         env_ids = np.arange(self._index * B, (self._index + 1) * B, dtype=np.int32)
-        recorder = _RowRecorder(self._queues.time_step_spec, step_spec,
-                                self._queues.unroll_spec[0], B, T)
+        recorder = RowRecorder(self._queues.time_step_spec, step_spec,
+                               self._queues.unroll_spec[0], B, T)
+        inert = (applied_steps.InertBoundaries(self._queues.unroll_spec[0],
+                                               self._env.action_spec(), B)
+                 if self._reports_applied else None)
+
+        def ship():
+            unroll, trainable, rows = recorder.take_complete(env_ids)
+            tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
+            tf.raw_ops.QueueEnqueueManyV2(
+                handle=learn,
+                components=unroll if inert is None else inert.for_learner(unroll, trainable, rows))
+            self._py_steps += T * len(rows)
+
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
         workers = RowWorkers(self.name, envs, recorder.record)
         workers.start()
+        failed = True
         try:
             while True:
                 results = workers.recv(timeout=0.1)
                 if not results:
                     if self._coord.should_stop():
+                        failed = False
                         return
                     continue
                 rows = []
                 for r, result in results:
                     if isinstance(result, RowFailed):
                         self._env_error = result.error
+                        if isinstance(result.error, capabilities.EndOfData) and recorder.complete:
+                            ship()   # the data ended: what is complete goes to the learner
                         raise result.error
                     rows.append(r)
                 if len(recorder.complete) >= B:
-                    unroll = recorder.take_complete(env_ids)
-                    tf.raw_ops.QueueEnqueueManyV2(handle=log, components=unroll)
-                    tf.raw_ops.QueueEnqueueManyV2(handle=learn, components=unroll)
-                    self._py_steps += T * len(unroll[-1])
+                    ship()
                 # One request of all B rows; the rows not asking carry env id -1.
                 asking = np.full(B, -1, np.int32)
                 asking[rows] = env_ids[rows]
@@ -266,7 +295,12 @@ class EnvThread(threading.Thread):
                     workers.send(r, action[0] if num_action == 1 else
                                  tf.nest.pack_sequence_as(action_spec, action))
         finally:
-            workers.close()
+            # Leaving with an error of its own (a row's, EndOfData) while the
+            # driver runs: do not wait for rows blocked in a step (an
+            # ExternalEnv slot waiting for a client); the driver stops once
+            # the error is raised and its stop closes them. On stop the
+            # driver has closed them already: wait.
+            workers.close(wait=not failed or self._coord.should_stop())
 
     # ----------------------------------------------------- Python (blocking)
 
@@ -400,72 +434,3 @@ class EnvThread(threading.Thread):
         # Runs until a queue op fails because the driver closed the queues.
         tf.while_loop(lambda *_: True, body, (flat_time_step, flat_state), parallel_iterations=1)
 
-
-class _RowRecorder(object):
-    """Per-row unroll buffers for `EnvThread._rows_loop`.
-
-    Threads: `record(r, ...)` is called by row r's worker right after its
-    step; `acting_with` and `take_complete` by the env thread. They never
-    touch a row at the same time: a worker records only between receiving
-    its action (after `acting_with`) and reporting ready, and the env thread
-    reads a row only after it reported ready. `complete` is a deque that
-    workers append to and the env thread pops from (both thread-safe).
-    """
-
-    def __init__(self, time_step_spec, policy_step_spec, unroll_spec, B, T):
-        def zeros(spec, outer):
-            return [np.zeros(outer + s.shape.as_list(), s.dtype.as_numpy_dtype)
-                    for s in tf.nest.flatten(spec)]
-
-        self._T = T
-        # The current time step of each row (its last request) and the
-        # policy step it is stepping with, batch-major.
-        self.current = zeros(time_step_spec, [B])
-        self.acting = zeros(policy_step_spec, [B])
-        self._buffers = zeros(unroll_spec, [B])  # [B, T, ...]
-        self._filled = [0] * B
-        self._started = [False] * B  # acting with a policy step yet
-        self.complete = collections.deque()  # flat unrolls [T, ...] + [row], in order
-        # Where each trajectory field comes from: a leaf of the current time
-        # step or of the acting policy step (an array above), or a leaf of
-        # the next time step (None, the leaf's index); from_transition only
-        # routes fields, so tracing it with string leaves gives the map.
-        tags = {"current": (time_step_spec, self.current),
-                "acting": (policy_step_spec, self.acting), "next": (time_step_spec, None)}
-        traced = trajectory_lib.from_transition(*(
-            tf.nest.pack_sequence_as(spec, [f"{kind}:{i}"
-                                            for i in range(len(tf.nest.flatten(spec)))])
-            for kind, (spec, _) in tags.items()))
-        self._plan = []
-        for buffer, tag in zip(self._buffers, tf.nest.flatten(traced)):
-            kind, i = tag.split(":")
-            arrays = tags[kind][1]
-            self._plan.append((buffer, None if arrays is None else arrays[int(i)], int(i)))
-
-    def record(self, r, time_step):
-        """Row r stepped to `time_step` (a worker thread)."""
-        flat_next = tf.nest.flatten(time_step)
-        if self._started[r]:
-            t = self._filled[r]
-            for buffer, array, i in self._plan:
-                buffer[r, t] = flat_next[i] if array is None else array[r]
-            if t + 1 == self._T:
-                self.complete.append([b[r].copy() for b in self._buffers] + [r])
-                t = -1
-            self._filled[r] = t + 1
-        for field, value in zip(self.current, flat_next):
-            field[r] = value
-
-    def acting_with(self, rows, flat_step):
-        """`rows` will step with the policy steps `flat_step` (the env thread)."""
-        for field, value in zip(self.acting, flat_step):
-            field[rows] = value
-        for r in rows:
-            self._started[r] = True
-
-    def take_complete(self, env_ids):
-        """The complete unrolls so far, stacked: flat trajectory [n, T, ...] + env ids [n]."""
-        complete = [self.complete.popleft() for _ in range(len(self.complete))]
-        unroll = [np.stack(leaves) for leaves in zip(*complete)]
-        unroll[-1] = env_ids[unroll[-1]]
-        return unroll

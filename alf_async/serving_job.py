@@ -6,9 +6,11 @@
     make_serving_env_constructor.token = 's3cret'    # None: no token
 
 With it, `train()`'s environments are the slots of one `PolicyServerEnv`
-(alf_async.serving): every env thread (`train.num_envs`, with
-`train.env_batch_size = 1`) serves one client episode at a time, and the
-learner trains on whatever the clients play. `train.suite` /
+(alf_async.serving): every env thread (`train.num_envs`) serves
+`train.env_batch_size` client episodes at a time, one per slot (the rows of
+its environment, stepped whichever have a client step ready), so there are
+`num_envs * env_batch_size` slots; the learner trains on whatever the
+clients play. `train.suite` /
 `train.env_name` name the local environment whose specs the server checks
 (and which the trainer evaluates on, if `train.num_eval_episodes` > 0).
 
@@ -48,14 +50,15 @@ class ServingEnvConstructor(object):
         address: its address, "http://host:port" (the port actually bound).
     """
 
-    def __init__(self, server):
+    def __init__(self, server, slots_per_env=1):
         self.server = server
         self.address = server.address
-        self._make_slot = server.env_constructor()
+        self._make_slots = server.env_constructor(slots_per_env=slots_per_env)
 
     def __call__(self):
-        """One slot: a batch-1 TFPyEnvironment (called by the driver, once per env thread)."""
-        return self._make_slot()
+        """One env thread's slots: a TFPyEnvironment of batch `slots_per_env`
+        (called by the driver, once per env thread)."""
+        return self._make_slots()
 
     def close(self):
         """Stops serving and joins the server's threads; idempotent."""
@@ -71,7 +74,8 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
     Args:
         suite, env_name: the local environment whose action and observation
             specs the served episodes must match (built once, then closed).
-        batch_size: must be 1 (`train.env_batch_size`): a slot is one episode.
+        batch_size: slots per env thread (`train.env_batch_size`; each slot
+            serves one episode at a time).
         seed: unused (the clients' environments are theirs).
         host: the interface to bind (loopback by default; see server.py on
             tokens and TLS before binding another).
@@ -80,20 +84,22 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
         token: if set, clients need it (`PolicyClient(token=...)`). Note that
             gin's operative config saved in root_dir records it.
         max_concurrent: most open client episodes (more get 429); episodes
-            beyond `train.num_envs` wait for a free slot.
+            beyond the slots (`train.num_envs * train.env_batch_size`) wait
+            for a free slot.
         episode_idle_timeout: seconds after which a silent client's episode
             is closed (its slot freed).
         action_timeout: seconds a client's request may wait for the policy.
 
     Raises:
-        ValueError: batch_size is not 1, an unknown suite or environment, or
+        ValueError: batch_size is not an integer >= 1, an unknown suite or
+            environment, or
             the server cannot listen on host:port (in use, a bad host) --
             one line each.
     """
     del seed
-    if batch_size != 1:
-        raise ValueError(f"make_serving_env_constructor: train.env_batch_size must be 1 "
-                         f"(each env thread serves one episode), got {batch_size!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"make_serving_env_constructor: train.env_batch_size (slots per env "
+                         f"thread) must be an integer >= 1, got {batch_size!r}")
     spec_env = suites.load(suite, env_name, batch_size=1)
     try:
         action_spec = tensor_spec.to_nest_array_spec(spec_env.action_spec())
@@ -110,7 +116,7 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
         reason = getattr(e, "strerror", None) or str(e)
         raise ValueError(f"make_serving_env_constructor: cannot serve on {host}:{port}: "
                          f"{reason}") from None
-    return ServingEnvConstructor(server)
+    return ServingEnvConstructor(server, slots_per_env=batch_size)
 
 
 class ServingAnnouncement(Hook):

@@ -2,9 +2,14 @@
 
 One process runs a PolicyServerEnv with 16 slots (`--slots`; at least the
 most clients), the driver (a DQN collect policy, QNetwork 64x64 on
-CartPole's specs, 2 actor queues of half the slots each, dynamically
-batched) and a learner thread that takes every batch (no
-training: this measures serving). For 1, 4 and 16 concurrent clients, a
+CartPole's specs) and a learner thread that takes every batch (no
+training: this measures serving). The slots are laid out as
+`--slots_per_env` slots per env thread (default: all of them, i.e. one env
+thread stepping whichever slots are ready, one actor, one request per
+iteration of every ready slot); `--slots_per_env 1` is the earlier layout,
+one slot per env thread and 2 actor queues of half the env threads each,
+dynamically batched. In general: slots / slots_per_env env threads,
+min(2, env threads) actor queues, each batching up to its share of them. For 1, 4 and 16 concurrent clients, a
 separate client process (remote inference, no TensorFlow in it) runs that
 many threads, each playing episodes of `--steps` steps: start_episode, then
 per step one get_action carrying the previous step's reward (the combined
@@ -12,6 +17,7 @@ request), then log_returns + end_episode. Latency is the get_action round
 trip as the client sees it.
 
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16] [--slots N]
+                                 [--slots_per_env K]
 
 Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
 requests/s (all commands), client threads that failed (should be 0).
@@ -95,7 +101,14 @@ def run_clients(address, num_clients, seconds, steps):
 # ----------------------------------------------------------------- server
 
 
-def serve_and_measure(client_counts, seconds, steps, slots):
+def driver_layout(slots, slots_per_env):
+    """(num_envs, num_actor_queues, actor_queue_cap) for `slots` slots, K per env thread."""
+    num_envs = slots // slots_per_env
+    num_actor_queues = min(2, num_envs)
+    return num_envs, num_actor_queues, max(1, num_envs // num_actor_queues)
+
+
+def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env):
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
@@ -115,9 +128,11 @@ def serve_and_measure(client_counts, seconds, steps, slots):
     agent = dqn_agent.DqnAgent(server.time_step_spec(), server.action_spec(), q_network=q_net,
                                optimizer=tf.keras.optimizers.Adam(1e-3))
     agent.initialize()
-    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=slots, num_actor_queues=2,
-                                  actor_queue_cap=slots // 2,   # batch whatever slots wait
+    num_envs, num_actor_queues, actor_queue_cap = driver_layout(slots, slots_per_env)
+    driver = AsyncOffPolicyDriver(server.env_constructor(slots_per_env=slots_per_env),
+                                  agent.collect_policy, num_envs=num_envs,
+                                  num_actor_queues=num_actor_queues,
+                                  actor_queue_cap=actor_queue_cap,   # batch whatever waits
                                   unroll_length=16, learn_queue_cap=1)
 
     # A learner without an agent: it takes every batch; it starts the driver.
@@ -126,7 +141,7 @@ def serve_and_measure(client_counts, seconds, steps, slots):
     thread.start()
     rows = []
     try:
-        # Warm-up: every slot's env thread traces its graph loop on its first episode.
+        # Warm-up: every slot serves a first episode before anything is measured.
         warm = run_clients(server.address, slots, 3.0, steps)
         if warm["errors"]:
             print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
@@ -151,7 +166,11 @@ def main():
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--steps", type=int, default=50, help="steps per episode")
     parser.add_argument("--slots", type=int, default=0,
-                        help="driver slots (num_envs); default max(16, most clients)")
+                        help="driver slots (episodes served at once); default max(16, most "
+                             "clients)")
+    parser.add_argument("--slots_per_env", type=int, default=0,
+                        help="slots per env thread (a divisor of --slots); default: all of "
+                             "them (one env thread); 1: one env thread per slot")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,8 +181,15 @@ def main():
     slots = args.slots or max(16, max(counts))
     if max(counts) > slots:
         parser.error(f"at most {slots} clients (one slot each)")
-    rows = serve_and_measure(counts, args.seconds, args.steps, slots)
-    print(f"\nget_action round trip on loopback ({slots} slots, remote inference, "
+    slots_per_env = args.slots_per_env or slots
+    if slots_per_env < 1 or slots % slots_per_env:
+        parser.error(f"--slots_per_env must be a divisor of --slots ({slots}) >= 1, "
+                     f"got {args.slots_per_env}")
+    rows = serve_and_measure(counts, args.seconds, args.steps, slots, slots_per_env)
+    num_envs, num_actor_queues, actor_queue_cap = driver_layout(slots, slots_per_env)
+    print(f"\nget_action round trip on loopback ({slots} slots: {num_envs} env threads x "
+          f"{slots_per_env} slots, {num_actor_queues} actor queues of cap {actor_queue_cap}; "
+          f"remote inference, "
           f"{args.seconds:g} s per row, episodes of {args.steps} steps):\n")
     print("| clients | get_action p50 (ms) | get_action p99 (ms) | get_action/s | requests/s "
           "| client errors |")

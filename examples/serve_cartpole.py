@@ -1,7 +1,9 @@
 """Serve a CartPole DQN policy over HTTP and train it on what clients play.
 
 The server is a PolicyServerEnv: every client episode (examples/cartpole_client.py,
-any number at once) is one of the driver's slots; the learner loop takes the
+any number at once) is one of the driver's slots (all of them rows of one env
+thread's environment, stepped whichever have a client step ready, one
+request to the actor for all of them); the learner loop takes the
 driver's batches (which hold the clients' logged actions: the server's slots
 report them to the driver) into a uniform replay buffer and trains a DQN agent. Clients in inference_mode="local" pull the
 collect policy from the server and report their own actions.
@@ -96,8 +98,10 @@ def build_learner(ext, agent, num_slots, unroll_length=8, learn_queue_cap=1, bat
     """
     replayer = UniformReplayer(agent.collect_data_spec, num_rows=num_slots,
                                capacity_per_row=capacity_per_row)
+    # One env thread, its environment's rows the slots (slots_per_env): the
+    # learner's batch is learn_queue_cap x num_slots unrolls.
     driver = AsyncOffPolicyDriver(
-        ext.env_constructor(), agent.collect_policy, num_envs=num_slots,
+        ext.env_constructor(slots_per_env=num_slots), agent.collect_policy, num_envs=1,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap, actor_queue_cap=1,
         exp_observers=[replayer])
     learner = Learner(agent, driver, replayer,
@@ -120,7 +124,7 @@ def main():
     parser.add_argument("--port", type=int, default=8900)
     parser.add_argument("--token", default=None)
     parser.add_argument("--slots", type=int, default=8,
-                        help="episodes served at once (the driver's num_envs)")
+                        help="episodes served at once (slots of the one env thread)")
     parser.add_argument("--seconds", type=float, default=60.0, help="then stop")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party output (TensorFlow's banner, gym's notices)")

@@ -2,6 +2,8 @@
 applied (clipped) action is what the learner and the metrics see, vetoed
 transitions reach the learner only as inert boundaries, exactly."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,8 +12,10 @@ from tf_agents.environments import (batched_py_environment, py_environment,
 from tf_agents.policies import fixed_policy
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories import trajectory
 
-from alf_async import AsyncOffPolicyDriver
+from alf_async import AsyncOffPolicyDriver, applied_steps
+from alf_async.env_rows import row_envs
 from alf_async.environments.capabilities import AppliedStep
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,13 +66,18 @@ class ClippingEnv(py_environment.PyEnvironment, AppliedStep):
         return self._applied
 
 
-def run(tf_env, batches=2):
+def make_driver(tf_env, seen):
+    """One env thread over `tf_env` acting POLICY_ACTION; its log rows go to `seen`."""
     policy = fixed_policy.FixedPolicy(np.int32(POLICY_ACTION), tf_env.time_step_spec(),
                                       tf_env.action_spec())
+    return AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4,
+                                observers=[lambda t: seen.append(t)],
+                                stop_grace_period_secs=1.0)
+
+
+def run(tf_env, batches=2):
     seen = []
-    driver = AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4,
-                                  observers=[lambda t: seen.append(t)],
-                                  stop_grace_period_secs=1.0)
+    driver = make_driver(tf_env, seen)
     driver.start()
     try:
         got = [tf.nest.map_structure(np.asarray, driver.get_training_exps()[0])
@@ -115,3 +124,87 @@ def test_an_isolated_applied_step_environment_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"reports applied steps \(AppliedStep\) but is a "
                                          r"TFPyEnvironment with isolation=True"):
         AsyncOffPolicyDriver(lambda: tf_env, policy, num_envs=1, unroll_length=4)
+
+
+# ------------------------------------- rows stepped one by one (env_rows.py)
+
+
+class BlockingClippingEnv(ClippingEnv):
+    """ClippingEnv whose step blocks (a short sleep): the driver steps a batch
+    of them row by row, each on its own worker (EnvThread._rows_loop)."""
+    blocking_step = True
+
+    def _step(self, action):
+        time.sleep(0.001)
+        return super()._step(action)
+
+
+def test_rows_stepped_one_by_one_record_applied_actions_and_vetoes_exactly():
+    rows = 3
+    tf_env = tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
+        [BlockingClippingEnv() for _ in range(rows)], multithreading=False))
+    assert row_envs(tf_env) is not None   # the rows loop steps it
+    seen = []
+    driver = make_driver(tf_env, seen)
+    by_row = {r: [] for r in range(rows)}   # each row's unrolls, in order
+    driver.start()
+    try:
+        while min(len(u) for u in by_row.values()) < 3:
+            exp, env_ids, _ = driver.get_training_exps()
+            exp = tf.nest.map_structure(np.asarray, exp)
+            for i, r in enumerate(np.asarray(env_ids)):
+                by_row[int(r)].append(tf.nest.map_structure(lambda a, i=i: a[i], exp))
+    finally:
+        driver.stop()
+    for r, unrolls in by_row.items():
+        for e, exp in enumerate(unrolls[:3]):   # unroll e of every row is episode e
+            # The same exact learner rows as the batch stepped in lockstep.
+            np.testing.assert_array_equal(exp.observation[:, 0],
+                                          [10 * e, 10 * e + 1, 10 * e + 2, 10 * e + 3])
+            np.testing.assert_array_equal(exp.step_type, [0, 1, 2, 2])
+            np.testing.assert_array_equal(exp.next_step_type, [1, 1, 0, 0])
+            np.testing.assert_array_equal(exp.action, [CLIP, CLIP, 0, POLICY_ACTION])
+            np.testing.assert_array_equal(exp.reward, [1, 1, 0, 0])
+            np.testing.assert_array_equal(exp.discount, [1, 1, 1, 1])
+    # The log thread got every row's episodes as they happened.
+    logged = [tf.nest.map_structure(lambda a, i=i: np.asarray(a)[i], t)
+              for t in seen for i in range(np.asarray(t.step_type).shape[0])]
+    assert len(logged) >= 3 * rows
+    for traj in logged:
+        e = int(traj.observation[0, 0]) // 10
+        np.testing.assert_array_equal(traj.observation[:, 0], 10 * e + np.arange(4))
+        np.testing.assert_array_equal(traj.step_type, [0, 1, 1, 2])
+        np.testing.assert_array_equal(traj.action, [CLIP, CLIP, CLIP, POLICY_ACTION])
+        np.testing.assert_array_equal(traj.reward, [1, 1, 1, 0])
+
+
+def test_inert_boundaries_carry_each_rows_state_across_unrolls_in_one_call():
+    """A row shipped twice in one call is made inert exactly as in two calls."""
+    spec = trajectory.Trajectory(
+        step_type=tf.TensorSpec([2], tf.int32), observation=tf.TensorSpec([2], tf.int32),
+        action=tf.TensorSpec([2], tf.int32), policy_info=(),
+        next_step_type=tf.TensorSpec([2], tf.int32), reward=tf.TensorSpec([2], tf.float32),
+        discount=tf.TensorSpec([2], tf.float32))
+    action_spec = tf.TensorSpec([], tf.int32)
+
+    def unroll(obs, n=1):
+        return [np.ones([n, 2], np.int32), np.array([obs] * n, np.int32),
+                np.full([n, 2], 4, np.int32), np.ones([n, 2], np.int32),
+                np.ones([n, 2], np.float32), np.ones([n, 2], np.float32), np.zeros([n], np.int32)]
+
+    # Row 0: (trainable, trainable) then (untrainable, untrainable): the
+    # second unroll's first observation is the trainable step's next one.
+    together = applied_steps.InertBoundaries(spec, action_spec, num_rows=2)
+    both = [np.concatenate([a, b]) for a, b in zip(unroll([1, 2]), unroll([3, 4]))]
+    got = together.for_learner(both, np.array([[True, True], [False, False]]),
+                               np.array([0, 0]))
+    apart = applied_steps.InertBoundaries(spec, action_spec, num_rows=2)
+    first = apart.for_learner(unroll([1, 2]), np.array([[True, True]]), np.array([0]))
+    second = apart.for_learner(unroll([3, 4]), np.array([[False, False]]), np.array([0]))
+    for g, a, b in zip(got, first, second):
+        np.testing.assert_array_equal(g, np.concatenate([a, b]))
+    np.testing.assert_array_equal(got[1], [[1, 2], [3, 0]])   # 3 kept, 4 blanked
+    np.testing.assert_array_equal(got[0], [[1, 1], [2, 2]])
+    # Row 1 was never shipped: its first untrainable step needs nothing.
+    other = together.for_learner(unroll([5, 6]), np.array([[False, True]]), np.array([1]))
+    np.testing.assert_array_equal(other[1], [[0, 6]])

@@ -105,11 +105,11 @@ def three_steps(logged=(), training_enabled=True, rewards=(0.5, 1.5, (1.0, 2.0))
     return play
 
 
-def make_driver(ext, policy=None, num_envs=1, unroll_length=4, **kwargs):
+def make_driver(ext, policy=None, num_envs=1, unroll_length=4, slots_per_env=1, **kwargs):
     policy = policy or ObsPolicy(ext.time_step_spec(), ext.action_spec())
     kwargs.setdefault("stop_grace_period_secs", 1.0)
-    return AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=num_envs,
-                                unroll_length=unroll_length, **kwargs)
+    return AsyncOffPolicyDriver(ext.env_constructor(slots_per_env=slots_per_env), policy,
+                                num_envs=num_envs, unroll_length=unroll_length, **kwargs)
 
 
 def numpy(nest):
@@ -201,13 +201,14 @@ def test_training_disabled_episodes_are_counted_but_never_reach_the_learner():
                            AverageEpisodeLength=3.0)
 
 
-def test_exception_in_run_stops_the_driver_and_is_raised_in_the_learner():
+@pytest.mark.parametrize("slots_per_env", [1, 3])   # 3: rows of one env (test_batched_slots)
+def test_exception_in_run_stops_the_driver_and_is_raised_in_the_learner(slots_per_env):
 
     def fail(env, e):
         raise KeyError("boom in run()")
 
     ext = ScriptedEnv([three_steps(), three_steps(), fail])
-    driver = make_driver(ext)
+    driver = make_driver(ext, slots_per_env=slots_per_env)
     driver.start()
     try:
         with pytest.raises(KeyError, match="boom in run"):
@@ -220,47 +221,64 @@ def test_exception_in_run_stops_the_driver_and_is_raised_in_the_learner():
         ext.start_episode()
 
 
+class BlockedClients(object):
+    """Client threads "a", "b" (get_action) and "c" (log_action) playing one
+    episode each of up to 100 steps against `ext`, counting their calls."""
+
+    def __init__(self, ext):
+        self.ext = ext
+        self.errors, self.calls, self.threads = {}, {"a": 0, "b": 0, "c": 0}, []
+
+    def start(self, name):
+        self.threads.append(threading.Thread(target=self._client, args=(name, name == "c")))
+        self.threads[-1].start()
+
+    def _client(self, name, logged):
+        try:
+            eid = self.ext.start_episode(name)
+            for s in range(100):
+                if logged:
+                    self.ext.log_action(eid, [1, s], 3)
+                else:
+                    self.ext.get_action(eid, [0, s])
+                self.calls[name] += 1
+        except Exception as e:  # pylint: disable=broad-except
+            self.errors[name] = (e, time.monotonic())
+
+    def wait_for(self, name, calls, seconds=20):
+        deadline = time.monotonic() + seconds
+        while self.calls[name] < calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop_driver_and_check_every_call_woke(self, driver):
+        start = time.monotonic()
+        driver.stop()
+        stopped = time.monotonic()
+        for t in self.threads:
+            t.join(5)
+        assert stopped - start < 2.0
+        assert sorted(self.errors) == ["a", "b", "c"]
+        for e, when in self.errors.values():
+            assert isinstance(e, ExternalEnvStoppedError)
+            assert "the driver closed its environments" in str(e)
+            assert when - stopped < 0.5
+        self.ext.join(5)
+
+
 def test_stopping_the_driver_wakes_every_blocked_call():
     """A learner that never consumes stalls the slot: clients block in get_action
     (bound episode), get_action (waiting for a slot) and log_action (queue full)."""
     ext = ScriptedEnv([], hold=True, max_pending_steps=2)
     driver = make_driver(ext, unroll_length=2)
-    errors, calls = {}, {"a": 0, "b": 0, "c": 0}
-
-    def client(name, logged):
-        try:
-            eid = ext.start_episode(name)
-            for s in range(100):
-                if logged:
-                    ext.log_action(eid, [1, s], 3)
-                else:
-                    ext.get_action(eid, [0, s])
-                calls[name] += 1
-        except Exception as e:  # pylint: disable=broad-except
-            errors[name] = (e, time.monotonic())
-
+    clients = BlockedClients(ext)
     driver.start()
-    threads = [threading.Thread(target=client, args=("a", False))]
-    threads[0].start()
-    while calls["a"] < 4:   # two unrolls of 2: one in the learn queue, one blocked
-        time.sleep(0.02)
-    threads += [threading.Thread(target=client, args=(n, n == "c")) for n in ("b", "c")]
-    for t in threads[1:]:
-        t.start()
+    clients.start("a")
+    clients.wait_for("a", 4)   # two unrolls of 2: one in the learn queue, one blocked
+    clients.start("b")
+    clients.start("c")
     time.sleep(0.5)
-    assert calls == {"a": 4, "b": 0, "c": 2} and not errors
-    start = time.monotonic()
-    driver.stop()
-    stopped = time.monotonic()
-    for t in threads:
-        t.join(5)
-    assert stopped - start < 2.0
-    assert sorted(errors) == ["a", "b", "c"]
-    for e, when in errors.values():
-        assert isinstance(e, ExternalEnvStoppedError)
-        assert "the driver closed its environments" in str(e)
-        assert when - stopped < 0.5
-    ext.join(5)
+    assert clients.calls == {"a": 4, "b": 0, "c": 2} and not clients.errors
+    clients.stop_driver_and_check_every_call_woke(driver)
 
 
 # --------------------------------------------------------- without a driver

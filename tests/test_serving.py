@@ -23,7 +23,8 @@ _ = no_external_env_threads_left   # autouse: no server or connection thread lef
 class Served(object):
     """A PolicyServerEnv, its driver, and a learner thread taking every batch."""
 
-    def __init__(self, num_envs=1, unroll_length=4, learn=True, export=False, **server_kwargs):
+    def __init__(self, num_envs=1, unroll_length=4, learn=True, export=False, slots_per_env=1,
+                 **server_kwargs):
         self.server = PolicyServerEnv(ACTION_SPEC, OBS_SPEC, **server_kwargs)
         self.policy = ObsPolicy(self.server.time_step_spec(), self.server.action_spec())
         if export:   # a second server: the export needs the policy first
@@ -33,7 +34,8 @@ class Served(object):
         self.batches = []
         try:
             self.driver = AsyncOffPolicyDriver(
-                self.server.env_constructor(), self.policy, num_envs=num_envs,
+                self.server.env_constructor(slots_per_env=slots_per_env), self.policy,
+                num_envs=num_envs,
                 unroll_length=unroll_length,
                 exp_observers=[lambda exp, ids: self.batches.append(numpy(exp))],
                 stop_grace_period_secs=1.0)
@@ -90,8 +92,11 @@ def play(client, k, steps=3, get=True):
     return actions
 
 
-@pytest.mark.parametrize("served", [dict(num_envs=2, token="s3cret", max_body_bytes=4096,
-                                         max_concurrent=3)], indirect=True)
+@pytest.mark.parametrize("served", [
+    dict(num_envs=2, token="s3cret", max_body_bytes=4096, max_concurrent=3),
+    # The same two slots as rows of one env thread's environment.
+    dict(num_envs=1, slots_per_env=2, token="s3cret", max_body_bytes=4096, max_concurrent=3),
+], indirect=True)
 def test_remote_clients_play_at_once_and_every_bad_request_gets_a_4xx(served):
     address = served.server.address
     assert address.startswith("http://127.0.0.1:")
@@ -197,8 +202,13 @@ def test_a_vanished_clients_episode_is_closed_after_the_idle_timeout(served):
     other.close()
 
 
-@pytest.mark.parametrize("served", [dict(num_envs=1, learn=False)], indirect=True)
-def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(served):
+@pytest.mark.parametrize("served, stalls_after", [
+    (dict(num_envs=1, learn=False), 8),
+    # 2 slots of one env thread: the learn queue holds one learner batch (2
+    # unrolls); the thread stalls shipping the next two.
+    (dict(num_envs=1, slots_per_env=2, learn=False), 16),
+], indirect=["served"])
+def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(served, stalls_after):
     # unroll_length 4 and nobody learning: the slot stalls after two unrolls.
     client = PolicyClient(served.server.address)
     eid = client.start_episode()
@@ -215,10 +225,10 @@ def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(serve
     t = threading.Thread(target=blocked)
     t.start()
     deadline = time.monotonic() + 20
-    while len(done) < 8 and time.monotonic() < deadline:
+    while len(done) < stalls_after and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)
-    assert len(done) == 8 and not caught
+    assert len(done) == stalls_after and not caught
     served.driver.stop()
     stopped = time.monotonic()
     t.join(5)

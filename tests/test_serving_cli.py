@@ -53,7 +53,7 @@ def test_serving_job_learns_from_a_client_and_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(
         trainer_args(root_dir, "make_serving_env_constructor.port = 0",
                      "make_serving_env_constructor.token = 's3cret'",
-                     "train.initial_collect_steps = 64", "train.num_eval_episodes = 0",
+                     "train.initial_collect_steps = 256", "train.num_eval_episodes = 0",
                      "train.log_interval_secs = 0.2"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     lines, trained = [], threading.Event()
@@ -78,7 +78,7 @@ def test_serving_job_learns_from_a_client_and_stops_on_sigint(tmp_path):
                                   f"(check --token)\n")
 
         played = run_client("--address-file", str(root_dir / "server_address"),
-                            "--token", "s3cret", "--clients", "2", "--episodes", "8")
+                            "--token", "s3cret", "--clients", "2", "--episodes", "24")
         assert played.returncode == 0, played.stderr[-3000:]
         assert "Traceback" not in played.stderr
         assert re.search(r"^2 clients \(remote\): \d+ steps in", played.stdout, re.M), \
@@ -102,11 +102,12 @@ def test_serving_job_learns_from_a_client_and_stops_on_sigint(tmp_path):
                         r"(\d+), env steps (\d+); checkpoint in ", stdout, re.M)
     assert stopped, stdout
     iterations, train_step, env_steps = map(int, stopped.groups())
-    # Each iteration is 4 unrolls of 8 steps; training started, so >= 64 steps.
+    # Each iteration is 16 slots' unrolls of 8 steps (1 env thread x 16
+    # slots); training started, so >= 256 steps.
     assert iterations >= 3
-    assert env_steps == 32 * iterations
-    # 2 train steps per iteration once 64 env steps were collected.
-    assert train_step == 2 * (iterations - 1)
+    assert env_steps == 128 * iterations
+    # 8 train steps per iteration once 256 env steps were collected.
+    assert train_step == 8 * (iterations - 1)
     assert not os.path.exists(root_dir / "server_address")   # removed on a clean stop
 
 

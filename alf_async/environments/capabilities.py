@@ -57,8 +57,9 @@ class AppliedStep(abc.ABC):
     """A PyEnvironment that reports, right after each step, what that step applied.
 
     The env thread (a Python loop: environments with this capability are
-    never stepped inside the graph) calls `applied_step()` after every
-    `step()` and before the next call to the environment, and then
+    never stepped inside the graph; rows of a batch stepped one by one are
+    each read by their own worker, env_rows.py) calls `applied_step()` after
+    every `step()` and before the next call to the environment, and then
 
     - records the returned action in the trajectory instead of the policy's
       (for the log queue and the learn queue alike);
@@ -75,8 +76,10 @@ class AppliedStep(abc.ABC):
       contiguous. The log queue gets the transition as it happened, so the
       metrics count it like any other.
 
-    Threads: `applied_step()` is called by the env thread that steps the
-    environment, after `step()` returned on that same thread.
+    Threads: `applied_step()` is called by the thread that steps the
+    environment (the env thread, or the row's worker thread when the rows
+    of a batch are stepped one by one), after `step()` returned on that same
+    thread.
     """
 
     @abc.abstractmethod

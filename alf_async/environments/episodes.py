@@ -65,9 +65,9 @@ class _SlotClosed(Exception):
 
 def _dummy_last_step(observation_spec):
     return ts.TimeStep(
-        step_type=np.array([StepType.LAST], np.int32), reward=np.zeros([1], np.float32),
-        discount=np.ones([1], np.float32),
-        observation=tf.nest.map_structure(lambda s: np.zeros((1,) + tuple(s.shape), s.dtype),
+        step_type=np.asarray(StepType.LAST, np.int32), reward=np.zeros([], np.float32),
+        discount=np.ones([], np.float32),
+        observation=tf.nest.map_structure(lambda s: np.zeros(s.shape, s.dtype),
                                           observation_spec))
 
 
@@ -125,11 +125,11 @@ class _Current(object):
         self.step_type = step_type
         self.observation = observation
         self.learn = learn
-        self.time_step = ts.TimeStep(
-            step_type=np.array([step_type], np.int32),
-            reward=np.array([reward], np.float32),
-            discount=np.array([discount], np.float32),
-            observation=tf.nest.map_structure(lambda o: o[None], observation))
+        self.time_step = ts.TimeStep(   # unbatched: the slot adds a batch dimension
+            step_type=np.asarray(step_type, np.int32),
+            reward=np.asarray(reward, np.float32),
+            discount=np.asarray(discount, np.float32),
+            observation=observation)
 
 
 class EpisodeTable(object):
@@ -440,8 +440,9 @@ class EpisodeTable(object):
             raise ExternalEnvStoppedError(f"the ExternalEnv is stopped ({self._stop_reason})")
 
     def slot_reset(self, slot):
-        """`slot.reset()` (its env thread): binds the next episode with a step
-        ready and returns its FIRST time step; blocks until there is one."""
+        """`slot.reset()` (its env thread, or its row's worker): binds the next
+        episode with a step ready and returns its FIRST time step (unbatched);
+        blocks until there is one."""
         self.start()   # the ExternalEnv's run() thread starts with the driver
         with self._lock:
             slot.used = True
@@ -456,8 +457,10 @@ class EpisodeTable(object):
             return slot.current.time_step
 
     def slot_step(self, slot, action):
-        """`slot.step(action)` (its env thread): answers the step's get_action,
-        records what it applied (`slot.applied`), returns the next time step;
+        """`slot.step(action)` (its env thread, or its row's worker; `action`
+        unbatched): answers the step's get_action, records what it applied
+        (`slot.applied`: logged action or None, trainable), returns the next
+        (unbatched) time step;
         blocks until the episode (or, after its LAST, the next one) has one."""
         try:
             return self._slot_step_or_raise(slot, action)
@@ -469,28 +472,26 @@ class EpisodeTable(object):
             if slot.closed_step_returned:
                 raise ExternalEnvStoppedError("the slot was closed") from None
             slot.closed_step_returned = True
-            slot.applied = (None, np.array([False]))
+            slot.applied = (None, False)
             return _dummy_last_step(self.observation_array_spec)
 
     def _slot_step_or_raise(self, slot, action):
         cur = slot.current
         if cur is None:
-            slot.applied = (None, np.array([False]))
+            slot.applied = (None, False)
             return self.slot_reset(slot)
         with self._lock:
             if cur.step_type == StepType.LAST:
                 nxt = self._bind_next_locked(slot)
             else:
                 if cur.reply is not None and cur.kind == _ACT:
-                    cur.reply.action = tf.nest.map_structure(lambda a: a[0], action)
+                    cur.reply.action = action
                     cur.reply.done = True
                     cur.episode.cv.notify_all()
                 nxt = self._next_in_episode_locked(slot, cur.episode)
             # The transition's next step is made up when the episode was closed.
             learn = cur.learn and nxt.learn if cur.step_type != StepType.LAST else cur.learn
-            slot.applied = (None if cur.logged_action is None else
-                            tf.nest.map_structure(lambda a: a[None], cur.logged_action),
-                            np.array([learn]))
+            slot.applied = (cur.logged_action, bool(learn))
             slot.current = nxt
             return nxt.time_step
 
@@ -545,9 +546,11 @@ class EpisodeTable(object):
         """True when every slot a driver uses waits for an episode.
 
         Then no env thread is between a step and its next one, i.e. every
-        complete unroll is in the driver's learn queue; each env thread
-        raises ExternalEnvFinished (a capabilities.EndOfData) only once the
-        learner has taken every full batch of those.
+        complete unroll is in the driver's learn queue (or, for slots that
+        are rows of one environment, recorded: the env thread ships those
+        before raising); each env thread raises ExternalEnvFinished (a
+        capabilities.EndOfData) only once the learner has taken every full
+        batch of those.
         """
         return all(s in self._waiting_slots for s in self._slots if s.used and not s.closed)
 

@@ -12,13 +12,13 @@ a game -- calls
     abandon_episode(episode_id)      (an end without a last observation)
 
 Subclass `ExternalEnv`, override `run()`, and give the driver
-`ext.env_constructor()`; nothing else to wire:
+`ext.env_constructor(slots_per_env=K)`; nothing else to wire:
 
     from alf_async.environments import ExternalEnv
 
     ext = MyExternalEnv(action_spec, observation_spec)
-    driver = AsyncOffPolicyDriver(ext.env_constructor(), policy, num_envs=K,
-                                  exp_observers=[replayer])
+    driver = AsyncOffPolicyDriver(ext.env_constructor(slots_per_env=K), policy,
+                                  num_envs=1, exp_observers=[replayer])
     driver.start()          # starts ext's run() thread (first slot reset)
 
 The pieces: episode_api.py defines the episode methods and checks their
@@ -28,25 +28,31 @@ user-facing class and the slot environment the driver steps.
 
 How episodes reach the driver
 -----------------------------
-Every call of the constructor makes one *slot*: a TFPyEnvironment of batch size 1
-whose `reset()`/`step()` block until an episode has something for it. A slot
-takes the oldest episode that has a step waiting and serves it until it ends;
-K slots serve K episodes at once, each stepped as soon as its client is ready
-(episodes beyond K wait for a free slot). Per slot, the driver sees an ordinary
-stream of tf-agents time steps:
+Every call of the constructor makes `slots_per_env` *slots*, the rows of one
+TFPyEnvironment (with `slots_per_env=1`, a TFPyEnvironment of batch size 1);
+a slot's `reset()`/`step()` block until an episode has something for it. A
+slot takes the oldest episode that has a step waiting and serves it until it
+ends; K slots serve K episodes at once, each stepped as soon as its client is
+ready (episodes beyond K wait for a free slot). The env thread of a batch of
+slots steps each on a worker thread of its own and asks the actor, in one
+request, for the actions of whichever slots are ready (env_rows.py): one env
+thread serves all K. Per slot, the driver sees an ordinary stream of
+tf-agents time steps:
 
-    client                          slot (env thread)                 driver
+    client                          slot (env thread or row worker)   driver
     get_action/log_action(o0)  -->  reset() returns FIRST(o0)    --> policy acts
     get_action(o1)             -->  step(a0): a0 to the client;
                                     returns MID(o1, reward since a0)
     end_episode(o2)            -->  step(a1): returns LAST(o2, reward, discount 0)
     (next episode)             -->  step(ignored) returns FIRST of the next one
 
-Give the actors a large `actor_queue_cap` (e.g. `num_envs // num_actor_queues`):
-actors batch dynamically, i.e. take whichever slots' requests are waiting and
-never wait for a slot whose client is slow, so a large cap only lets one
-forward pass serve many clients (cap 1 means one forward pass per client
-step: ~600 get_action/s for 16 clients in benchmarks/serving.py). One
+With one slot per env thread (`slots_per_env=1`), give the actors a large
+`actor_queue_cap` (e.g. `num_envs // num_actor_queues`): actors batch
+dynamically, i.e. take whichever env threads' requests are waiting and never
+wait for a slot whose client is slow, so a large cap only lets one forward
+pass serve many clients (cap 1 means one forward pass per client step:
+~600 get_action/s for 16 clients in benchmarks/serving.py). With many slots
+per env thread one request already carries every ready slot. One
 ExternalEnv serves one driver: stopping the driver stops it.
 
 Logged actions and training_enabled=False
@@ -77,7 +83,8 @@ Threads
   episode methods, concurrently for different episodes; each episode is
   stepped serially.
 - The slots' `reset()`/`step()`/`applied_step()` are called by the driver's
-  env threads, `close()` by the driver's `stop()`.
+  env threads (by the env thread's row workers when slots_per_env > 1),
+  `close()` by the driver's `stop()`.
 
 What blocks, and how it ends
 ----------------------------
@@ -130,7 +137,8 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
-from tf_agents.environments import py_environment, tf_py_environment
+from tf_agents.environments import (batched_py_environment, py_environment,
+                                    tf_py_environment)
 from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
@@ -186,33 +194,39 @@ def open_slots():
 
 
 class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
-    """One concurrent-episode slot: a batched (B=1) PyEnvironment fed by clients.
+    """One concurrent-episode slot: a PyEnvironment fed by clients.
+
+    `batched=True`: a batch-1 environment of its own (`slots_per_env=1`);
+    `batched=False`: one row of a BatchedPyEnvironment of slots. The
+    EpisodeTable deals in unbatched steps; a batched slot adds and strips
+    the batch dimension.
 
     Threads: `reset()`/`step()` and then `applied_step()` are called by one
-    driver env thread; the first two block until a client provides the next
-    step (or the ExternalEnv stops: then they raise). `close()` may be
-    called by any thread. The EpisodeTable sets the state below under its
-    lock.
+    driver thread (the env thread, or the row's worker); the first two block
+    until a client provides the next step (or the ExternalEnv stops: then
+    they raise). `close()` may be called by any thread. The EpisodeTable
+    sets the state below under its lock.
     """
 
-    def __init__(self, table, index):
+    def __init__(self, table, index, batched=True):
         super().__init__(handle_auto_reset=False)
         self._table = table
+        self._batched = batched
         self.index = index
         self.used = False      # reset() was called: a driver runs it
         self.closed = False
         self.closed_step_returned = False
         self.episode = None    # the bound episode
         self.current = None    # the time step last returned, and what it means
-        self.applied = (None, np.array([False]))   # of the last step
+        self.applied = (None, False)   # of the last step, unbatched
 
     @property
     def batched(self):
-        return True
+        return self._batched
 
     @property
     def batch_size(self):
-        return 1
+        return 1 if self._batched else None
 
     def observation_spec(self):
         return self._table.observation_array_spec
@@ -221,14 +235,26 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
         return self._table.action_array_spec
 
     def _reset(self):
-        return self._table.slot_reset(self)
+        return self._out(self._table.slot_reset(self))
 
     def _step(self, action):
-        return self._table.slot_step(self, action)
+        if self._batched:
+            action = tf.nest.map_structure(lambda a: a[0], action)
+        return self._out(self._table.slot_step(self, action))
+
+    def _out(self, time_step):
+        if not self._batched:
+            return time_step
+        return tf.nest.map_structure(lambda a: a[None], time_step)
 
     def applied_step(self):
-        """(logged action [1, ...] or None, trainable [1]) of the last step."""
-        return self.applied
+        """(logged action or None, trainable) of the last step; with a batch
+        dimension ([1, ...], [1]) when the slot is batched."""
+        action, trainable = self.applied
+        if not self._batched:
+            return action, trainable
+        return (None if action is None else tf.nest.map_structure(lambda a: a[None], action),
+                np.array([trainable]))
 
     def close(self):
         self._table.slot_close(self)
@@ -380,16 +406,37 @@ class ExternalEnv(threading.Thread):
 
     # ---------------------------------------------------- driver integration
 
-    def env_constructor(self):
-        """The driver's env constructor: each call makes one slot, a batch-1 TFPyEnvironment."""
+    def env_constructor(self, slots_per_env=1):
+        """The driver's env constructor: each call makes `slots_per_env` slots.
+
+        Args:
+            slots_per_env: slots per constructed environment. 1: a batch-1
+                TFPyEnvironment, one slot per env thread. K > 1: a
+                TFPyEnvironment of batch K whose rows are K slots, which the
+                env thread steps one by one, whichever have a client step
+                ready (env_rows.py), so one env thread serves K episodes at
+                once (and a request to the actor carries every slot ready).
+
+        Raises:
+            ValueError: slots_per_env is not an integer >= 1.
+        """
+        if isinstance(slots_per_env, bool) or not isinstance(slots_per_env, int) or \
+                slots_per_env < 1:
+            raise ValueError(f"slots_per_env must be an integer >= 1, got {slots_per_env!r}")
         table = self.__table
 
-        def make_slot():
-            slot = table.add_slot(lambda index: _SlotEnv(table, index))
+        def make_slot(batched):
+            slot = table.add_slot(lambda index: _SlotEnv(table, index, batched=batched))
             _ALL_SLOTS.add(slot)
-            return tf_py_environment.TFPyEnvironment(slot)
+            return slot
 
-        return make_slot
+        def make_slots():
+            if slots_per_env == 1:
+                return tf_py_environment.TFPyEnvironment(make_slot(True))
+            return tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
+                [make_slot(False) for _ in range(slots_per_env)], multithreading=False))
+
+        return make_slots
 
     def time_step_spec(self):
         """The slots' time step spec, as TensorSpecs (for building agents)."""

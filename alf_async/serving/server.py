@@ -2,8 +2,8 @@
 
     server = PolicyServerEnv(action_spec, observation_spec, token="s3cret",
                              policy=agent.collect_policy)   # policy: for local inference
-    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=K, exp_observers=[replayer])
+    driver = AsyncOffPolicyDriver(server.env_constructor(slots_per_env=K),  # K episodes at once
+                                  agent.collect_policy, num_envs=1, exp_observers=[replayer])
     driver.start()                 # starts serving on server.address
     ...
     driver.stop()                  # stops serving too
