@@ -2,6 +2,8 @@
 
     python benchmarks/distributed.py [--collectors 1 2] [--seeds 0 1 2 3 4] [--minutes 5]
     python benchmarks/distributed.py --kills 20 [--kill_interval 5] [--collectors 2]
+    python benchmarks/distributed.py --collectors 2 --seeds 0 --minutes 5 --single_gin '' \
+        --past_solved --gin_param 'train.stop_at_eval_return = None'   (samples per insert, 5 min)
 
 Scaling mode (default). For each K in --collectors and each seed, one
 `alf-async-train` run with `train.num_collectors = K` (the collectors are
@@ -161,7 +163,7 @@ def table_reading(client):
                 min_diff=float(limiter.min_diff), max_diff=float(limiter.max_diff))
 
 
-def distributed_run(k, seed, minutes, sample_secs, root, batch_size, extra):
+def distributed_run(k, seed, minutes, sample_secs, root, batch_size, extra, past_solved=False):
     import reverb  # pylint: disable=import-outside-toplevel
     root_dir = os.path.join(root, f"k{k}_seed{seed}")
     run = Run(root_dir, DISTRIBUTED_GIN, [f"train.num_collectors = {k}", f"train.seed = {seed}"]
@@ -170,7 +172,8 @@ def distributed_run(k, seed, minutes, sample_secs, root, batch_size, extra):
     try:
         client = reverb.Client(wait_for_address(run))
         deadline = run.start + 60 * minutes
-        while run.alive() and time.monotonic() < deadline and run.solved() is None:
+        while (run.alive() and time.monotonic() < deadline and
+               (past_solved or run.solved() is None)):
             try:
                 readings.append(table_reading(client))
             except Exception:  # pylint: disable=broad-except  (the learner just stopped)
@@ -326,6 +329,10 @@ def main():
                         help="the distributed gin's train.sample_batch_size (for train steps/s)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="extra bindings for the distributed runs")
+    parser.add_argument("--past_solved", action="store_true",
+                        help="keep each distributed run (and the readings) going until --minutes "
+                             "even once solved (with --gin_param 'train.stop_at_eval_return = "
+                             "None': the samples-per-insert check over a long run)")
     parser.add_argument("--root", default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args()
@@ -339,7 +346,8 @@ def main():
         for k in args.collectors or [1, 2]:
             for seed in args.seeds:
                 result = distributed_run(k, seed, args.minutes, args.sample_secs, root,
-                                         args.sample_batch_size, args.gin_param)
+                                         args.sample_batch_size, args.gin_param,
+                                         args.past_solved)
                 runs.append(result)
                 print(json.dumps(result), flush=True)
         if args.single_gin:
