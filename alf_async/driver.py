@@ -303,8 +303,10 @@ class AsyncOffPolicyDriver(object):
                     self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
                 _close_envs(others)
+                deadline = time.monotonic() + 2.0
                 for t in self._env_threads:
                     t.drop_graph_loop()
+                    t.join_row_workers(max(0.0, deadline - time.monotonic()))
                 logger.info("alf_async driver stopped")
 
     # ---------------------------------------------------------------- private

@@ -34,6 +34,7 @@ threads are in its docstring.
 import collections
 import queue
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -134,6 +135,14 @@ class RowWorkers(object):
         for t in self._threads:
             if t.is_alive():
                 t.join()
+
+    def join(self, timeout):
+        """Waits up to `timeout` seconds in all for the workers to exit (after
+        `close(wait=False)` and the environments' close; the driver's stop)."""
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self, row):
         env, inbox, ready, on_step = (self._envs[row], self._inboxes[row], self._ready,

@@ -162,6 +162,15 @@ class EnvThread(threading.Thread):
         """Seconds this thread spent waiting for its actions."""
         return float(self._wait.numpy()) + self._py_wait
 
+    def join_row_workers(self, timeout):
+        """Waits up to `timeout` seconds for the row workers of `_rows_loop`
+        (the driver's stop, after closing the environments): a loop that left
+        with an error did not wait for rows blocked in a step, which end once
+        their environment is closed."""
+        workers = getattr(self, "_row_workers", None)
+        if workers is not None:
+            workers.join(timeout)
+
     def drop_graph_loop(self):
         """Drops the traced graph loop of a thread that never ran (the driver's
         stop() calls it). The loop's graph refers back to this thread (its
@@ -258,6 +267,7 @@ class EnvThread(threading.Thread):
 
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
         workers = RowWorkers(self.name, envs, recorder.record)
+        self._row_workers = workers   # for join_row_workers after the driver's stop
         workers.start()
         failed = True
         try:
