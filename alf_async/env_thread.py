@@ -49,7 +49,8 @@ step in progress finishes first. The Python loops block in the same queue
 ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
 (then checks for stop); its row workers are described in env_rows.py (on
 stop it joins them; leaving with an error it does not, since a row blocked
-in its step ends only when the driver's stop closes the environment). The
+in its step ends only when the driver's stop closes the environment; the
+stop then waits for them, `join_row_workers`). The
 perf counters may be read by any thread.
 """
 
