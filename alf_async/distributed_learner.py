@@ -114,28 +114,12 @@ class LearnerServer(object):
             self.server = None
 
 
-class ReportedCount(metrics_lib.AsyncStepMetric):
+class ReportedCount(metrics_lib.CounterMetric):
     """A count summed from the collectors' reports (checkpointed like the driver's)."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self._count = 0
 
     def add(self, n):
         with self._lock:
             self._count += int(n)
-
-    def _result(self):
-        return np.int64(self._count)
-
-    def _reset(self):
-        self._count = 0
-
-    def _get_state(self):
-        return {"count": self._count}
-
-    def _set_state(self, state):
-        self._count = int(state["count"])
 
 
 class ReportedAverage(metrics_lib.AsyncStepMetric):

@@ -92,7 +92,8 @@ class AsyncStepMetric(tf_metric.TFStepMetric):
             self._reset()
 
 
-class _CounterMetric(AsyncStepMetric):
+class CounterMetric(AsyncStepMetric):
+    """A checkpointed count; subclasses say what an unroll adds (`_count_unroll`)."""
 
     def __init__(self, name):
         super().__init__(name)
@@ -114,7 +115,7 @@ class _CounterMetric(AsyncStepMetric):
         self._count = int(state["count"])
 
 
-class NumberOfEpisodes(_CounterMetric):
+class NumberOfEpisodes(CounterMetric):
     """Finished episodes: transitions whose next step is LAST."""
 
     def __init__(self, name="NumberOfEpisodes"):
@@ -124,7 +125,7 @@ class NumberOfEpisodes(_CounterMetric):
         return int(np.count_nonzero(trajectory.next_step_type == StepType.LAST))
 
 
-class EnvironmentSteps(_CounterMetric):
+class EnvironmentSteps(CounterMetric):
     """Environment steps: transitions that are not episode boundaries."""
 
     def __init__(self, name="EnvironmentSteps"):
