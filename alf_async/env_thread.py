@@ -20,7 +20,8 @@ process, a Ray actor, a client of an ExternalEnv) declare it with
 batch are separate environments (tf-agents' BatchedPyEnvironment, our
 BatchedSubprocessEnv), each row is stepped on its own worker thread and
 asks for its action as soon as it is ready (`_rows_loop`, env_rows.py): no
-row waits for a slower one. Other blocking environments are stepped as one
+row waits for a slower one. (ExternalEnv's batched slots are rows too, but
+step without worker threads: slot_stepper.py.) Other blocking environments are stepped as one
 batch from a Python loop with eager queue ops (`_python_loop`). Both stay off
 the graph, and both record what an `AppliedStep` environment (or row)
 applied (applied_steps.py): its action in the trajectory, and its
@@ -63,7 +64,7 @@ from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async import applied_steps
-from alf_async.env_rows import RowFailed, RowRecorder, RowWorkers, row_envs
+from alf_async.env_rows import RowFailed, RowRecorder, row_envs, row_stepper
 from alf_async.environments import capabilities
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
@@ -267,7 +268,7 @@ class EnvThread(threading.Thread):
             self._py_steps += T * len(rows)
 
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
-        workers = RowWorkers(self.name, envs, recorder.record)
+        workers = row_stepper(self.name, envs, recorder.record)
         self._row_workers = workers   # for join_row_workers after the driver's stop
         workers.start()
         failed = True

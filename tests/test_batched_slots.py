@@ -23,7 +23,7 @@ from tf_agents.policies import tf_policy
 from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.env_rows import row_envs
+from alf_async.env_rows import row_envs, row_stepper
 from alf_async.environments import ExternalEnvFinished
 from test_external_env import (BlockedClients, IdleEnv, ScriptedEnv, metric_results, no_external_env_threads_left,
                                numpy, policy_action, three_steps)
@@ -118,6 +118,12 @@ def test_slots_per_env_makes_one_environment_whose_rows_are_slots():
     three = ext.env_constructor(slots_per_env=3)()
     assert one.batch_size == 1 and row_envs(one) is None   # today's layout, unchanged
     assert three.batch_size == 3 and len(row_envs(three)) == 3
+    # The env thread steps slots itself (no worker thread per slot).
+    assert type(row_stepper("env0", row_envs(three), None)).__name__ == "SlotStepper"
+    other = IdleEnv().env_constructor(slots_per_env=1)()
+    mixed = row_envs(three)[:2] + [other.pyenv]   # not all slots of one ExternalEnv
+    assert type(row_stepper("env0", mixed, None)).__name__ == "RowWorkers"
+    other.close()
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match=r"^slots_per_env must be an integer >= 1, got "):
             ext.env_constructor(slots_per_env=bad)
@@ -276,6 +282,7 @@ def test_stopping_the_driver_wakes_every_blocked_call_while_slots_wait():
     clients.start("c")       # c waits for a free slot
     time.sleep(0.5)
     assert clients.calls == {"a": 8, "b": 0, "c": 2} and not clients.errors
+    assert not [t.name for t in threading.enumerate() if "_row" in t.name]
     clients.stop_driver_and_check_every_call_woke(driver)
 
 

@@ -164,6 +164,10 @@ class EpisodeTable(object):
         self._max_pending = max_pending_steps
         self._lock = threading.Lock()
         self._slot_cv = threading.Condition(self._lock)
+        # Polled slots (slot_poll): their env thread waits here, woken by
+        # whatever wakes a slot thread (a ready episode, an episode's event
+        # or close, run() returning, stop).
+        self._poll_cv = threading.Condition(self._lock)
         self._episodes = {}
         self._finished = collections.OrderedDict()   # id -> why it finished
         self._ready = collections.deque()            # episodes with a step and no slot
@@ -362,6 +366,7 @@ class EpisodeTable(object):
             self._ready.append(ep)
             self._slot_cv.notify()
         ep.cv.notify_all()
+        self._poll_cv.notify_all()
 
     # ------------------------------------------------- episode bookkeeping
 
@@ -375,6 +380,7 @@ class EpisodeTable(object):
         ep.cv.notify_all()
         if self._run_returned:
             self._slot_cv.notify_all()
+            self._poll_cv.notify_all()
 
     def _close_episode_locked(self, ep, reason):
         """Closes an episode early (timeout, idle client); its queued steps are dropped.
@@ -393,6 +399,7 @@ class EpisodeTable(object):
                 ep.in_ready = False
             self._forget_locked(ep, reason)
         ep.cv.notify_all()
+        self._poll_cv.notify_all()
 
     def _close_idle_unbound_locked(self):
         if self._idle_timeout is None:
@@ -408,6 +415,7 @@ class EpisodeTable(object):
 
     def _notify_all_locked(self):
         self._slot_cv.notify_all()
+        self._poll_cv.notify_all()
         for ep in self._episodes.values():
             ep.cv.notify_all()
 
@@ -428,6 +436,7 @@ class EpisodeTable(object):
             with self._lock:
                 self._run_returned = True
                 self._slot_cv.notify_all()
+                self._poll_cv.notify_all()
 
     # ------------------------------------------------------------ slot side
 
@@ -440,7 +449,7 @@ class EpisodeTable(object):
             raise ExternalEnvStoppedError(f"the ExternalEnv is stopped ({self._stop_reason})")
 
     def slot_reset(self, slot):
-        """`slot.reset()` (its env thread, or its row's worker): binds the next
+        """`slot.reset()` (its env thread): binds the next
         episode with a step ready and returns its FIRST time step (unbatched);
         blocks until there is one."""
         self.start()   # the ExternalEnv's run() thread starts with the driver
@@ -457,7 +466,7 @@ class EpisodeTable(object):
             return slot.current.time_step
 
     def slot_step(self, slot, action):
-        """`slot.step(action)` (its env thread, or its row's worker; `action`
+        """`slot.step(action)` (its env thread; `action`
         unbatched): answers the step's get_action, records what it applied
         (`slot.applied`: logged action or None, trainable), returns the next
         (unbatched) time step;
@@ -481,19 +490,88 @@ class EpisodeTable(object):
             slot.applied = (None, False)
             return self.slot_reset(slot)
         with self._lock:
-            if cur.step_type == StepType.LAST:
-                nxt = self._bind_next_locked(slot)
-            else:
-                if cur.reply is not None and cur.kind == _ACT:
-                    cur.reply.action = action
-                    cur.reply.done = True
-                    cur.episode.cv.notify_all()
-                nxt = self._next_in_episode_locked(slot, cur.episode)
-            # The transition's next step is made up when the episode was closed.
-            learn = cur.learn and nxt.learn if cur.step_type != StepType.LAST else cur.learn
-            slot.applied = (cur.logged_action, bool(learn))
-            slot.current = nxt
-            return nxt.time_step
+            self._answer_locked(cur, action)
+            return self._advance_locked(slot, wait=True).time_step
+
+    def _answer_locked(self, cur, action):
+        """The policy's action for the slot's current step `cur`: to the
+        client waiting in its get_action."""
+        if cur.step_type != StepType.LAST and cur.reply is not None and cur.kind == _ACT:
+            cur.reply.action = action
+            cur.reply.done = True
+            cur.episode.cv.notify_all()
+
+    def _advance_locked(self, slot, wait):
+        """Moves the slot, whose current step was answered, to its next step
+        (the next in its episode; after a LAST, the FIRST of the next ready
+        episode) and sets what it applied. Returns the new `_Current`; with
+        `wait=False`, None when there is no next step yet."""
+        cur = slot.current
+        if cur.step_type == StepType.LAST:
+            nxt = self._bind_next_locked(slot, wait)
+        else:
+            nxt = self._next_in_episode_locked(slot, cur.episode, wait)
+        if nxt is None:
+            return None
+        # The transition's next step is made up when the episode was closed.
+        learn = cur.learn and nxt.learn if cur.step_type != StepType.LAST else cur.learn
+        slot.applied = (cur.logged_action, bool(learn))
+        slot.current = nxt
+        return nxt
+
+    # A polled slot (slot_stepper.py) is stepped in two halves by its env
+    # thread, which never blocks in a slot: slot_act answers the client at
+    # once; slot_poll hands back the slots whose next step has come.
+
+    def slot_begin(self, slot):
+        """A polled slot's reset (its env thread, once): it serves a driver
+        from now on; `slot_poll` binds its first episode."""
+        self.start()   # the ExternalEnv's run() thread starts with the driver
+        with self._lock:
+            slot.used = True
+
+    def slot_act(self, slot, action):
+        """A polled slot's step, first half: answers its current step's
+        get_action with `action` (unbatched). Never blocks."""
+        with self._lock:
+            if slot.current is not None:
+                self._answer_locked(slot.current, action)
+
+    def slot_poll(self, slots, timeout):
+        """A polled slot's step, second half, for several slots at once: the
+        slots among `slots` (each reset or acted for since its last step)
+        whose next time step has come, waiting up to `timeout` seconds for
+        one. A slot with no step yet (after `slot_begin`) gets its first
+        episode's FIRST step; each other one what `slot_step` would return,
+        with `slot.applied` set.
+
+        Returns:
+            A list of (slot, unbatched time step, or the exception its
+            `slot_step` would raise), possibly empty; closed slots (the
+            driver is stopping) never appear.
+        """
+        with self._lock:
+            while True:
+                results = []
+                for slot in slots:
+                    try:
+                        if slot.current is None:
+                            nxt = self._bind_next_locked(slot, wait=False)
+                            if nxt is not None:
+                                slot.current = nxt
+                        else:
+                            nxt = self._advance_locked(slot, wait=False)
+                    except _SlotClosed:
+                        continue
+                    except Exception as e:  # pylint: disable=broad-except
+                        results.append((slot, e))
+                        continue
+                    if nxt is not None:
+                        results.append((slot, nxt.time_step))
+                if results or timeout <= 0:
+                    return results
+                self._poll_cv.wait(timeout)
+                timeout = 0   # one more look, then return
 
     def slot_close(self, slot):
         """`slot.close()` (any thread; the driver's stop): closes it, and every
@@ -513,17 +591,23 @@ class EpisodeTable(object):
         if used:
             self.stop(reason="the driver closed its environments")
 
-    def _bind_next_locked(self, slot):
-        """Waits for an episode with a step ready; binds it; returns its FIRST step."""
+    def _bind_next_locked(self, slot, wait=True):
+        """Waits for an episode with a step ready; binds it; returns its FIRST
+        step. With `wait=False` (a polled slot) returns None instead of
+        waiting, and the slot counts as waiting until it is bound."""
         self._waiting_slots.add(slot)
         if self._run_returned:
             self._slot_cv.notify_all()   # others may be waiting for this slot to be idle
+            self._poll_cv.notify_all()
+        bound = None
         try:
-            return self._bind_next_waiting_locked(slot)
+            bound = self._bind_next_waiting_locked(slot, wait)
+            return bound
         finally:
-            self._waiting_slots.discard(slot)
+            if wait or bound is not None:
+                self._waiting_slots.discard(slot)
 
-    def _bind_next_waiting_locked(self, slot):
+    def _bind_next_waiting_locked(self, slot, wait):
         while True:
             self._raise_in_slot(slot)
             if self._ready:
@@ -540,6 +624,8 @@ class EpisodeTable(object):
                 raise ExternalEnvFinished(
                     f"{type(self._owner).__name__}.run() returned and every episode has ended: "
                     f"no more experience")
+            if not wait:
+                return None
             self._slot_cv.wait()
 
     def _all_slots_idle_locked(self):
@@ -554,8 +640,9 @@ class EpisodeTable(object):
         """
         return all(s in self._waiting_slots for s in self._slots if s.used and not s.closed)
 
-    def _next_in_episode_locked(self, slot, ep):
-        """Waits for the bound episode's next step (or its close); returns it."""
+    def _next_in_episode_locked(self, slot, ep, wait=True):
+        """Waits for the bound episode's next step (or its close); returns it
+        (with `wait=False`: None instead of waiting)."""
         while True:
             self._raise_in_slot(slot)
             if ep.events:
@@ -578,14 +665,16 @@ class EpisodeTable(object):
                 reward = ep.cur_reward
                 self._finish_bound_locked(slot, ep, ep.closed_reason)
                 return _Current(ep, None, StepType.LAST, ep.last_observation, reward, 1.0, False)
-            wait = None
+            timeout = None
             if self._idle_timeout is not None:
                 idle = time.monotonic() - ep.last_seen
                 if ep.active_calls == 0 and idle >= self._idle_timeout:
                     self._close_episode_locked(ep, self._idle_reason())
                     continue
-                wait = max(self._idle_timeout - idle, 0.01)
-            ep.cv.wait(wait)
+                timeout = max(self._idle_timeout - idle, 0.01)
+            if not wait:
+                return None
+            ep.cv.wait(timeout)
 
     def _finish_bound_locked(self, slot, ep, reason):
         ep.slot = None

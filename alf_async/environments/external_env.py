@@ -34,12 +34,13 @@ a slot's `reset()`/`step()` block until an episode has something for it. A
 slot takes the oldest episode that has a step waiting and serves it until it
 ends; K slots serve K episodes at once, each stepped as soon as its client is
 ready (episodes beyond K wait for a free slot). The env thread of a batch of
-slots steps each on a worker thread of its own and asks the actor, in one
-request, for the actions of whichever slots are ready (env_rows.py): one env
-thread serves all K. Per slot, the driver sees an ordinary stream of
-tf-agents time steps:
+slots steps them itself, in two halves that never block (slot_stepper.py:
+answer a slot's client, later collect whichever slots' clients have called),
+and asks the actor, in one request, for the actions of whichever slots are
+ready: one env thread serves all K, with no thread per slot. Per slot, the
+driver sees an ordinary stream of tf-agents time steps:
 
-    client                          slot (env thread or row worker)   driver
+    client                          slot (env thread)            driver
     get_action/log_action(o0)  -->  reset() returns FIRST(o0)    --> policy acts
     get_action(o1)             -->  step(a0): a0 to the client;
                                     returns MID(o1, reward since a0)
@@ -83,8 +84,8 @@ Threads
   episode methods, concurrently for different episodes; each episode is
   stepped serially.
 - The slots' `reset()`/`step()`/`applied_step()` are called by the driver's
-  env threads (by the env thread's row workers when slots_per_env > 1),
-  `close()` by the driver's `stop()`.
+  env threads (slots_per_env > 1: the env thread's SlotStepper steps them,
+  see slot_stepper.py), `close()` by the driver's `stop()`.
 
 What blocks, and how it ends
 ----------------------------
@@ -202,7 +203,7 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
     the batch dimension.
 
     Threads: `reset()`/`step()` and then `applied_step()` are called by one
-    driver thread (the env thread, or the row's worker); the first two block
+    driver thread (the env thread); the first two block
     until a client provides the next step (or the ExternalEnv stops: then
     they raise). `close()` may be called by any thread. The EpisodeTable
     sets the state below under its lock.
@@ -258,6 +259,17 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
 
     def close(self):
         self._table.slot_close(self)
+
+    def row_stepper(self, rows, on_step):
+        """How an env thread steps `rows` (this slot among them) one by one:
+        a SlotStepper (slot_stepper.py, no worker threads) when they are
+        unbatched slots of this slot's ExternalEnv, else None (env_rows.py's
+        RowWorkers then)."""
+        if not all(isinstance(r, _SlotEnv) and r._table is self._table and not r._batched
+                   for r in rows):
+            return None
+        from alf_async.environments.slot_stepper import SlotStepper  # pylint: disable=import-outside-toplevel
+        return SlotStepper(self._table, rows, on_step)
 
 
 # ---------------------------------------------------------------- the env
