@@ -3,10 +3,10 @@
 Two process kinds, both started (and stopped with SIGINT) by soak.py:
 
 - `--serve`: a PolicyServerEnv on loopback with `--slots` episode slots,
-  an AsyncOffPolicyDriver over it (one env thread per slot, the DQN collect
-  policy; remote inference), a UniformReplayer and a Learner that trains
+  an AsyncOffPolicyDriver over it (one env thread stepping every slot, the
+  DQN collect policy; remote inference), a UniformReplayer and a Learner that trains
   DQN (QNetwork 64x64, Adam 1e-3, gamma 0.99, squared TD loss, soft target
-  updates; 2 train steps per 8-step batch once 1,000 steps are in). Prints its address, then a JSON progress line every
+  updates; 2 train steps per 8 env steps once 1,000 steps are in). Prints its address, then a JSON progress line every
   `--report_secs`: env steps, train steps, loss.
 - `--clients ADDRESS`: `--num_clients` threads, each playing CartPole-v0
   episodes through a PolicyClient (start_episode, get_action + log_returns
@@ -49,12 +49,14 @@ def serve(slots, report_secs):
     agent.initialize()
     replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows=slots,
                                          capacity_per_row=5000)
-    driver = AsyncOffPolicyDriver(server.env_constructor(), agent.collect_policy,
-                                  num_envs=slots, num_actor_queues=1, actor_queue_cap=1,
+    # One env thread steps every slot (the serving job's layout).
+    driver = AsyncOffPolicyDriver(server.env_constructor(slots_per_env=slots),
+                                  agent.collect_policy, num_envs=1,
                                   unroll_length=8, learn_queue_cap=1,
                                   exp_observers=[replayer])
-    # 2 train steps per 8-step batch once 1,000 env steps are in.
-    learner = Learner(agent, driver, replayer, train_steps_per_iteration=2,
+    # 2 train steps per 8 env steps (a batch is 8 steps of every slot) once
+    # 1,000 env steps are in.
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=2 * slots,
                       sample_batch_size=64, initial_collect_steps=1000)
 
     stop = threading.Event()
