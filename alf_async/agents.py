@@ -15,6 +15,7 @@ from tf_agents.agents.dqn import dqn_agent as dqn_agent_lib
 from tf_agents.agents.sac import sac_agent as sac_agent_lib
 from tf_agents.agents.sac import tanh_normal_projection_network
 from tf_agents.networks import actor_distribution_network, q_network
+from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
@@ -83,7 +84,8 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
 def sac_agent(time_step_spec, action_spec, train_step_counter,
               actor_fc_layer_params=(256, 256), critic_joint_fc_layer_params=(256, 256),
               actor_learning_rate=3e-4, critic_learning_rate=3e-4, alpha_learning_rate=3e-4):
-    """A SacAgent with tf-agents' standard SAC networks (tanh-normal actor) and Adams."""
+    """A SacAgent with tf-agents' standard SAC networks (tanh-normal actor) and
+    Adams; it does not train on episode boundaries (BoundaryMaskedSacAgent)."""
     _check_layers("sac_agent.actor_fc_layer_params", actor_fc_layer_params)
     _check_layers("sac_agent.critic_joint_fc_layer_params", critic_joint_fc_layer_params)
     for name, value in (("actor_learning_rate", actor_learning_rate),
@@ -97,7 +99,7 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
     critic_net = critic_network.CriticNetwork(
         (observation_spec, action_spec), joint_fc_layer_params=tuple(critic_joint_fc_layer_params),
         kernel_initializer="glorot_uniform", last_kernel_initializer="glorot_uniform")
-    agent = sac_agent_lib.SacAgent(
+    agent = BoundaryMaskedSacAgent(
         time_step_spec, action_spec, actor_network=actor_net, critic_network=critic_net,
         actor_optimizer=tf.keras.optimizers.Adam(actor_learning_rate),
         critic_optimizer=tf.keras.optimizers.Adam(critic_learning_rate),
@@ -117,6 +119,27 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
     build_optimizer(agent._critic_optimizer, critic_variables)
     build_optimizer(agent._alpha_optimizer, [agent._log_alpha])
     return agent
+
+
+class BoundaryMaskedSacAgent(sac_agent_lib.SacAgent):
+    """tf-agents' SacAgent that does not train on episode boundaries.
+
+    A replay buffer's windows of 2 steps include the one from an episode's
+    LAST step to the next episode's FIRST, which is no transition of the
+    environment: trained on, it teaches the critics that the state an
+    episode ended in (a Hopper that fell) is worth the discounted value of
+    the next episode's start, whatever the action. tf-agents' DqnAgent
+    masks these windows out of its loss (`valid_mask = ~time_steps.is_last()`
+    in DqnAgent._loss); SacAgent does not, so this gives them weight 0 in
+    all three of its losses (critic, actor, alpha: `weights` of SacAgent's
+    train). Every gin binding of `SacAgent.*` applies unchanged (its
+    __init__ is tf-agents').
+    """
+
+    def _train(self, experience, weights=None):
+        # [batch, 2] windows; a window whose first step is LAST is a boundary.
+        valid = tf.cast(~tf.equal(experience.step_type[:, 0], StepType.LAST), tf.float32)
+        return super()._train(experience, valid if weights is None else weights * valid)
 
 
 def _check_layers(binding, layers):

@@ -91,3 +91,41 @@ def test_sac_train_step_traces_once():
     # Each optimizer moved every variable it was built for.
     assert changed == len(variables) == 4 + 4 + 4 + 1
     assert int(step) == 3
+
+
+@pytest.mark.timeout(120)
+def test_sac_does_not_train_on_episode_boundaries():
+    """A window from an episode's LAST step to the next FIRST is no transition:
+    weight 0 in SAC's losses, as DqnAgent masks it. A batch of boundaries
+    only has zero losses and leaves every variable as it was; the same batch
+    as mid-episode windows trains them."""
+    import gin  # pylint: disable=import-outside-toplevel
+    time_step_spec, action_spec = _specs("Pendulum-v1")
+    with gin.unlock_config():
+        gin.bind_parameter("SacAgent.gamma", 0.5)   # SacAgent.* bindings still apply
+    try:
+        agent = agents.sac_agent(time_step_spec, action_spec, tf.Variable(0, dtype=tf.int64),
+                                 actor_fc_layer_params=(8,), critic_joint_fc_layer_params=(8,))
+    finally:
+        gin.clear_config()
+    assert isinstance(agent, agents.BoundaryMaskedSacAgent) and agent._gamma == 0.5
+    agent.initialize()
+    variables = (agent._actor_network.trainable_variables +
+                 agent._critic_network_1.trainable_variables +
+                 agent._critic_network_2.trainable_variables + [agent._log_alpha])
+    experience = tensor_spec.sample_spec_nest(agent.collect_data_spec, outer_dims=(8, 2), seed=1)
+    experience = experience._replace(
+        reward=tf.random.stateless_normal([8, 2], seed=(1, 2)),
+        discount=tf.ones([8, 2]),
+        observation=tf.random.stateless_normal([8, 2, 3], seed=(3, 4)))
+    boundaries = experience._replace(step_type=tf.constant([[2, 0]] * 8),
+                                     next_step_type=tf.constant([[0, 1]] * 8))
+    before = [v.numpy() for v in variables]
+    loss = agent.train(boundaries)
+    assert float(loss.loss) == 0.0
+    assert all(float(x) == 0.0 for x in tf.nest.flatten(loss.extra))
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+    mid = experience._replace(step_type=tf.ones([8, 2], tf.int32),
+                              next_step_type=tf.ones([8, 2], tf.int32))
+    assert float(agent.train(mid).loss) != 0.0
+    assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
