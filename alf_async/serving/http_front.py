@@ -41,8 +41,8 @@ PolicyServerEnv's run() thread); every protocol callback, the handler and
 called from any thread; `close()` from any thread once `serve()` is not
 running. stop(): the listening socket closes, idle connections close at
 once, a connection waiting for its answer closes after it; `serve()`
-returns once every connection is closed, or after `stop_grace` seconds,
-having answered whatever still waits with 503.
+returns once every connection is closed, at most `stop_grace` seconds
+later (whatever still waits then has been answered 503).
 """
 
 import asyncio
@@ -73,8 +73,9 @@ class HTTPFront(object):
                 its requests is being answered; None: no limit.
             poll_interval: how often the loop checks `should_stop()`.
             should_stop: a callable; True makes `serve()` stop (besides `stop()`).
-            stop_grace: seconds `serve()` waits, once stopping, for answers
-                still pending before answering them 503 (default poll_interval).
+            stop_grace: seconds `serve()` takes at most, once stopping, to
+                close every connection: answers still pending after most of
+                it get 503 (default poll_interval).
             backlog: the listening socket's backlog.
         """
         self.handler = handler
@@ -164,7 +165,7 @@ class HTTPFront(object):
         finally:
             self._poll_handle.cancel()
             server.close()   # closes the listening socket
-            await self._close_connections(loop)
+            await self._close_connections()
 
     def _check_stop(self, loop):
         with self._lock:
@@ -178,20 +179,22 @@ class HTTPFront(object):
         if self._stop_future is not None and not self._stop_future.done():
             self._stop_future.set_result(None)
 
-    async def _close_connections(self, loop):
+    async def _close_connections(self):
+        """Closes every connection within `stop_grace` seconds (then serve() aborts the rest)."""
         self.stopping = True
         for conn in list(self.connections):
             conn.close_if_idle()
+        # Most of the grace for the answers on their way (requests woken by
+        # the stop answer at once), the rest for writing the 503s.
+        await self._until_all_closed(0.75 * self._grace)
+        for conn in list(self.connections):
+            conn.answer_stopped()
+        await self._until_all_closed(0.25 * self._grace)
+
+    async def _until_all_closed(self, timeout):
         if self.connections:
             try:
-                await asyncio.wait_for(self._all_closed.wait(), self._grace)
-            except asyncio.TimeoutError:
-                pass
-        for conn in list(self.connections):   # still waiting for an answer
-            conn.answer_stopped()
-        if self.connections:
-            try:   # let the answers flush
-                await asyncio.wait_for(self._all_closed.wait(), 0.2)
+                await asyncio.wait_for(self._all_closed.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
 

@@ -147,9 +147,10 @@ def parse_head(head, max_body):
     for raw in lines[1:]:
         if len(raw) > _MAX_LINE + 1:
             raise HTTPError(431, f"a header line is over {_MAX_LINE} bytes")
-        name, sep, value = raw.rstrip(b"\r").partition(b":")
+        raw = raw.rstrip(b"\r")
+        name, sep, value = raw.partition(b":")
         if not sep or not name or name != name.strip():   # also refuses obs-fold lines
-            raise HTTPError(400, f"bad header line {raw[:100]!r}")
+            raise HTTPError(400, f"bad header line {raw[:100].decode('latin-1')!r}")
         name = name.decode("latin-1").lower()
         value = value.strip().decode("latin-1")
         if name not in headers:

@@ -48,11 +48,11 @@ parses and answers all requests; there is no thread per connection.
 - start_episode and log_returns never block: they run on the loop.
 `stop()` (called by `driver.stop()`, or directly; any thread) wakes every
 waiting request, so each answers 503 at once; idle connections close at
-once, the others after their answer; `run()` returns within
-`poll_interval` (a request still unanswered by then gets 503) after
-closing the listening socket, and joins the workers first (one exporting
-the policy finishes its TF work). `close()` stops and joins: nothing is
-left behind.
+once, the others after their answer. `run()` then closes the listening
+socket and every connection (a request still unanswered after about
+`poll_interval` gets 503), joins the workers (one exporting the policy
+finishes its TF work first) and returns: within `poll_interval` unless an
+export was running. `close()` stops and joins: nothing is left behind.
 
 Security: binds 127.0.0.1 by default. Bind another interface only with a
 token and behind TLS termination: the token travels in clear HTTP. The
