@@ -297,3 +297,31 @@ def test_stop_answers_every_waiting_get_action_503_at_once_and_leaves_no_thread(
     server.join(1.0)   # run() returns within poll_interval
     assert not server.is_alive() and time.monotonic() - stopped < 1.5
     idle.close()
+
+
+@pytest.mark.parametrize("server", [dict(max_pending_steps=2, action_timeout=0.5)],
+                         indirect=True)
+def test_a_get_action_held_by_back_pressure_waits_on_a_worker(server):
+    """With max_pending_steps steps queued, get_action cannot queue without
+    waiting: the blocking call waits on a worker thread (here until its
+    timeout: nobody takes steps), the loop goes on serving."""
+    raw = Raw(server.address)
+    assert raw.send(post({"command": "start_episode", "episode_id": "bp"})).response()[0] == 200
+    for s in range(2):
+        status, _, _ = raw.send(post({"command": "log_action", "episode_id": "bp",
+                                      "observation": [0, s], "action": s})).response()
+        assert status == 200
+    assert server.num_pending_steps == 2
+    raw.send(post({"command": "get_action", "episode_id": "bp", "observation": [0, 2]}))
+    time.sleep(0.2)
+    names = server_threads()   # log_action ran on workers too: one or two by now
+    assert names[0] == "policy_server" and 2 <= len(names) <= 3
+    assert all(name.startswith("policy_server_worker_") for name in names[1:])
+    other = Raw(server.address)   # the loop still serves
+    assert other.send(post({"command": "start_episode"})).response()[0] == 200
+    status, _, body = raw.response()
+    assert status == 504 and error_of(body)[1].startswith(
+        "get_action for episode 'bp': no answer within the timeout")
+    assert server.num_pending_steps == 0   # the episode was closed: its steps dropped
+    raw.close()
+    other.close()
