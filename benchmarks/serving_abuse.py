@@ -80,13 +80,15 @@ def proc_status():
 
 
 def server_threads():
-    """Python threads of PolicyServerEnv (the server and its connections)."""
+    """Python threads of PolicyServerEnv (its event loop and its workers)."""
     return [t.name for t in threading.enumerate()
             if t.name.startswith("policy_server") and t.is_alive()]
 
 
-def conn_threads():
-    return [n for n in server_threads() if n == "policy_server_conn"]
+def open_connections(served):
+    """Connections the server holds open (one event loop serves them all;
+    an older server had a "policy_server_conn" thread per connection)."""
+    return len(served.server._front.connections)   # pylint: disable=protected-access
 
 
 def _left_behind():
@@ -231,7 +233,7 @@ def send_raw(host, port, request, timeout=10.0):
         except ConnectionResetError:
             return "reset"
         if head and not b"HTTP/".startswith(head[:5]):
-            # http.server answers a request line it cannot parse HTTP/0.9-style:
+            # An http.server-based server answered some bad request lines HTTP/0.9-style:
             # the error page without a status line; its code is in the page.
             return _http09_status(sock)
         method = request.data.split(b" ", 1)[0].decode("latin-1")
@@ -641,7 +643,7 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Tr
     end (after the clients stopped); with good_from > warmup_fraction also
     good_start: the good clients start once good_from of the bad requests
     are sent, so that warm -> good_start is the growth under bad requests
-    alone), conn_threads_end, server_alive,
+    alone), open_connections_end, server_alive,
     left_after_stop, learner_batches, seconds, requests_per_sec.
     """
     import multiprocessing
@@ -706,14 +708,14 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Tr
             if t.ident is None:
                 t.start()   # (the fuzzer ended early) so that every client ran
             t.join(60)
-        # Connection threads end when their client closes; give them a moment.
-        wait_for(lambda: not conn_threads(), 5.0)
+        # Connections close when their client closes; give them a moment.
+        wait_for(lambda: not open_connections(served), 5.0)
         rss["end"], threads["end"] = proc_status()
         rss.setdefault("warm", float("nan"))
         threads.setdefault("warm", -1)
         rss["max_after_warmup"] = max(rss_max, rss["end"])
         threads["max_after_warmup"] = max(threads_max, threads["end"])
-        conn_left = len(conn_threads())
+        conn_left = open_connections(served)
         alive = served.server.is_alive()
     finally:
         stop.set()
@@ -735,7 +737,7 @@ def fuzz_trial(num_bad_requests, num_good_clients, seed=0, include_known_bugs=Tr
         "good_clients_alive": [t.name for t in clients if t.is_alive()],
         "rss_mib": rss,
         "threads": threads,
-        "conn_threads_end": conn_left,
+        "open_connections_end": conn_left,
         "server_alive": alive,
         "learner_batches": served.batches,
         "seconds": time.monotonic() - start,
@@ -778,7 +780,7 @@ def vanishing_clients_trial(num_clients, idle_timeout, num_envs=4, max_workers=N
     (the expected bound: (ceil(acting / num_envs) + 1) * idle_timeout + 1),
     closed_idle (vanished episodes whose id now says "episode_idle_timeout"),
     closed_other, restarted (new episodes started at once), played (whole
-    episodes played after), errors, conn_threads_end, open_episodes_end.
+    episodes played after), errors, open_connections_end, open_episodes_end.
     """
     from alf_async.serving import PolicyClient
     served = ServedPolicy(num_envs=num_envs, max_concurrent=num_clients,
@@ -897,8 +899,8 @@ def vanishing_clients_trial(num_clients, idle_timeout, num_envs=4, max_workers=N
             t.join(60)
         figures["played"] = len(played)
         probe.close()
-        wait_for(lambda: not conn_threads(), 5.0)
-        figures["conn_threads_end"] = len(conn_threads())
+        wait_for(lambda: not open_connections(served), 5.0)
+        figures["open_connections_end"] = open_connections(served)
         figures["open_episodes_end"] = served.server.num_open_episodes
     finally:
         served.stop()
@@ -912,7 +914,7 @@ def vanishing_clients_trial(num_clients, idle_timeout, num_envs=4, max_workers=N
 
 # "Flat": after the warm-up (the first 10% of the bad requests), the process
 # grows by at most RSS_GROWTH_MIB and THREADS_GROWTH OS threads by the end,
-# and no connection thread is left once the clients are gone.
+# and no connection is left open once the clients are gone.
 RSS_GROWTH_MIB = 32.0
 THREADS_GROWTH = 4
 # Under bad requests alone (warm -> good_start, when measured).
@@ -939,8 +941,8 @@ def fuzz_failures(r, strict_categories=None):
                    f"MiB under bad requests alone")
     if r["threads"]["end"] - r["threads"]["warm"] > THREADS_GROWTH:
         bad.append(f"threads grew {r['threads']['warm']} -> {r['threads']['end']}")
-    if r["conn_threads_end"]:
-        bad.append(f"{r['conn_threads_end']} connection threads left")
+    if r["open_connections_end"]:
+        bad.append(f"{r['open_connections_end']} connections left open")
     if not r["server_alive"]:
         bad.append("the server thread died")
     if r["left_after_stop"]:
@@ -995,8 +997,8 @@ def _print_fuzz(args):
           f"{r['rss_mib']['end']:.1f} (flat: end - warm-up <= {RSS_GROWTH_MIB:g})")
     print(f"  OS threads: start {r['threads']['start']}, after warm-up {r['threads']['warm']}, "
           f"max {r['threads']['max_after_warmup']}, end {r['threads']['end']} (flat: "
-          f"end - warm-up <= {THREADS_GROWTH}); connection threads left "
-          f"{r['conn_threads_end']}")
+          f"end - warm-up <= {THREADS_GROWTH}); connections left open "
+          f"{r['open_connections_end']}")
     strict = [c for c in WEIGHTS if c not in KNOWN_BUG_CATEGORIES]
     return fuzz_failures(r, strict_categories=strict)
 
@@ -1009,8 +1011,8 @@ def _print_vanishing(args):
           f"{v['freed_secs']:.2f} s later (bound {v['bound_secs']:.1f} s); closed as idle: "
           f"{v['closed_idle']}, otherwise: {len(v['closed_other'])}")
     print(f"  then {v['restarted']}/{args.abuse_vanishing} new episodes started at once, "
-          f"{v['played']}/8 whole episodes played; connection threads left "
-          f"{v['conn_threads_end']}, errors {len(v['errors'])}")
+          f"{v['played']}/8 whole episodes played; connections left open "
+          f"{v['open_connections_end']}, errors {len(v['errors'])}")
     return vanishing_failures(v, args.abuse_vanishing)
 
 
@@ -1026,8 +1028,8 @@ def vanishing_failures(v, num_clients, num_envs=4):
         bad.append(f"vanishing: restarted {v['restarted']}, played {v['played']}")
     if v["left_after_stop"]:
         bad.append(f"vanishing: left after stop: {v['left_after_stop']}")
-    if v["conn_threads_end"] or v["open_episodes_end"]:
-        bad.append(f"vanishing: {v['conn_threads_end']} connection threads, "
+    if v["open_connections_end"] or v["open_episodes_end"]:
+        bad.append(f"vanishing: {v['open_connections_end']} connections open, "
                    f"{v['open_episodes_end']} episodes left")
     return bad
 

@@ -15,9 +15,10 @@ from alf_async.learner import Learner
 from alf_async.serving import PolicyClient, PolicyServerEnv, protocol
 from test_external_env import (ACTION_SPEC, OBS_SPEC, ObsPolicy, no_external_env_threads_left,
                                numpy, policy_action)
+from test_serving_http import Raw, post, server_threads
 
 pytestmark = pytest.mark.timeout(60)
-_ = no_external_env_threads_left   # autouse: no server or connection thread left
+_ = no_external_env_threads_left   # autouse: no server thread (loop, workers) left
 
 
 class Served(object):
@@ -55,6 +56,7 @@ class Served(object):
         if self.thread.is_alive():
             self.thread.join(5)
         self.server.close()
+        assert server_threads() == []   # close() joined the loop thread and the workers
 
 
 @pytest.fixture
@@ -452,3 +454,74 @@ def test_the_remote_client_and_the_episode_api_import_no_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=dict(os.environ), check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("served", [dict(num_envs=1, slots_per_env=16, max_concurrent=16)],
+                         indirect=True)
+def test_sixteen_clients_at_once_are_served_by_one_thread(served):
+    """No thread per connection: while 16 clients' get_action calls are in
+    flight, the server's only thread is its event loop's ("policy_server")."""
+    n, steps = 16, 12
+    ready = threading.Barrier(n + 1)
+    playing = threading.Event()
+    results, errors, seen = {}, [], set()
+
+    def client(k):
+        try:
+            with PolicyClient(served.server.address) as c:
+                eid = c.start_episode(f"c{k}")
+                ready.wait(20)
+                actions = [c.get_action(eid, [k, 0])]
+                playing.set()
+                actions += [c.get_action(eid, [k, s], reward=1.0) for s in range(1, steps)]
+                results[k] = actions
+                ready.wait(20)   # every client still connected while the threads are counted
+                c.end_episode(eid, [k, steps])
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(e)
+            ready.abort()
+
+    threads = [threading.Thread(target=client, args=(k,), name=f"client_{k}") for k in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait(20)
+    assert playing.wait(20)
+    while any(t.is_alive() for t in threads) and len(results) < n and not errors:
+        seen.update(server_threads())
+        time.sleep(0.005)
+    seen.update(server_threads())
+    assert len(served.server._front.connections) == n   # pylint: disable=protected-access
+    ready.wait(20)
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert seen == {"policy_server"}
+    assert results == {k: [policy_action(k, s) for s in range(steps)] for k in range(n)}
+
+
+def test_pipelined_commands_are_answered_in_order_on_one_connection(served):
+    """Requests written at once on one keep-alive connection: each is applied
+    and answered in order (an episode's steps must keep theirs)."""
+    commands = [{"command": "start_episode", "episode_id": "pipe"},
+                {"command": "get_action", "episode_id": "pipe", "observation": [7, 0]},
+                {"command": "get_action", "episode_id": "pipe", "observation": [7, 1],
+                 "reward": 0.5},
+                {"command": "log_returns", "episode_id": "pipe", "reward": 1.5},
+                {"command": "get_action", "episode_id": "pipe", "observation": [7, 2]},
+                {"command": "end_episode", "episode_id": "pipe", "observation": [7, 3]},
+                {"command": "get_action", "episode_id": "pipe", "observation": [7, 4]}]
+    raw = Raw(served.server.address).send(b"".join(post(c) for c in commands))   # one write
+    try:
+        answers = [raw.response() for _ in commands]
+        assert [(status, json.loads(body)) for status, _, body in answers[:6]] == [
+            (200, {"episode_id": "pipe"}), (200, {"action": policy_action(7, 0)}),
+            (200, {"action": policy_action(7, 1)}), (200, {}),
+            (200, {"action": policy_action(7, 2)}), (200, {})]
+        assert answers[6][0] == 400 and b"'pipe' has already finished" in answers[6][2]
+    finally:
+        raw.close()
+    play(PolicyClient(served.server.address), 8)   # completes the episode's unroll
+    wait_for_batches(served, 1)
+    exp = served.batches[0]
+    np.testing.assert_array_equal(exp.observation[0], [[7, 0], [7, 1], [7, 2], [7, 3]])
+    np.testing.assert_array_equal(exp.reward[0], [0.5, 1.5, 0.0, 0.0])

@@ -24,7 +24,9 @@ slots (they wait for ready episodes). What blocks: get_action until the
 policy acted, end_episode / abandon_episode until the slot took the last
 step, log_action while `max_pending_steps` events wait, each at most its
 timeout; a slot's reset/step until an episode has a step for it. `stop()`
-wakes them all.
+wakes them all. `get_action_async` never blocks: the same rules complete
+its PendingAction (the slot's answer, a close, `stop()`, or `expire()` at
+its deadline), through a callback run under the lock.
 """
 
 import collections
@@ -72,12 +74,57 @@ def _dummy_last_step(observation_spec):
 
 
 class _Reply(object):
-    """What a blocked get_action / end_episode waits for."""
-    __slots__ = ("done", "action")
+    """What a get_action / end_episode waits for.
 
-    def __init__(self):
-        self.done = False
+    The slot side answers it (lock held) by setting `action`, then `done =
+    True`; setting `done` also calls `on_done()` if set (how a
+    get_action_async learns that its slot answered).
+    """
+    __slots__ = ("_done", "action", "on_done")
+
+    def __init__(self, on_done=None):
+        self._done = False
         self.action = None
+        self.on_done = on_done
+
+    @property
+    def done(self):
+        return self._done
+
+    @done.setter
+    def done(self, value):
+        self._done = value
+        if value and self.on_done is not None:
+            self.on_done()
+
+
+class PendingAction(object):
+    """A get_action_async waiting for its action (see EpisodeTable.get_action_async).
+
+    Threads: `expire()` may be called from any thread (the policy server's
+    event loop arms a timer at `deadline` for it); everything else happens
+    under the table's lock.
+    """
+    __slots__ = ("deadline", "episode", "reply", "on_done", "_table")
+
+    def __init__(self, table, episode, deadline, on_done):
+        self.deadline = deadline          # time.monotonic() seconds
+        self.episode = episode
+        self.reply = _Reply(self._answered)
+        self.on_done = on_done            # None once completed
+        self._table = table
+
+    def _answered(self):   # the slot set reply.done (table lock held)
+        self._table._finish_async_locked(self, self.reply.action, None)
+
+    def expire(self):
+        """Called at `deadline`: does what a blocked get_action does then.
+
+        Returns:
+            None when the call is complete (now or before: closed episode,
+            TimeoutError, ...); the seconds left when called early (call again).
+        """
+        return self._table._expire_async(self)
 
 
 class _Event(object):
@@ -110,6 +157,7 @@ class _Episode(object):
         self.last_observation = None      # of the last step the slot took
         self.last_seen = now
         self.active_calls = 0
+        self.async_waits = set()          # PendingActions (get_action_async) in flight
 
 
 class _Current(object):
@@ -254,11 +302,46 @@ class EpisodeTable(object):
         deadline = self._deadline(timeout)
         with self._lock:
             ep = self._get(episode_id)
-            if r is not None:
-                self._add_reward_locked(ep, r, None)
-            self._enqueue(ep, _Event(_ACT, obs, None, reply), deadline, "get_action")
+            self._queue_action_locked(ep, obs, r, reply, deadline)
             self._wait(ep, lambda: reply.done, deadline, "get_action")
             return reply.action
+
+    def get_action_async(self, episode_id, observation, on_done, timeout=None, reward=None):
+        """get_action without a thread waiting: queues the step and returns.
+
+        `on_done(action, error)` is called exactly once, under this table's
+        lock, from whichever thread completes the call (a slot's, the one
+        calling `stop()`, the one calling `PendingAction.expire()`...): with
+        the action when the slot answers, or with the exception get_action
+        would raise (episode closed, table stopped, deadline passed: then the
+        episode is closed too). It must not block nor call this table.
+
+        Returns:
+            A PendingAction (call its `expire()` at its `deadline`), or None
+            when queueing the step would wait for back-pressure
+            (`max_pending_steps`): then nothing was changed; call the blocking
+            get_action (on a thread of its own).
+
+        Raises:
+            What get_action raises before it waits (nothing was queued).
+        """
+        obs = check_nest(observation, self.observation_array_spec, "observation")
+        r = None if reward is None else check_reward(reward)
+        deadline = self._deadline(timeout)
+        with self._lock:
+            ep = self._get(episode_id)
+            if len(ep.events) >= self._max_pending:
+                return None
+            pending = PendingAction(self, ep, deadline, on_done)
+            self._queue_action_locked(ep, obs, r, pending.reply, deadline)   # does not wait
+            ep.active_calls += 1   # as a blocked get_action's _wait does
+            ep.async_waits.add(pending)
+            return pending
+
+    def _queue_action_locked(self, ep, obs, r, reply, deadline):
+        if r is not None:
+            self._add_reward_locked(ep, r, None)
+        self._enqueue(ep, _Event(_ACT, obs, None, reply), deadline, "get_action")
 
     def log_action(self, episode_id, observation, action, timeout=None):
         """See ExternalEnv.log_action."""
@@ -337,22 +420,28 @@ class EpisodeTable(object):
         ep.active_calls += 1
         try:
             while not predicate():
-                self._raise_if_stopped()
-                if ep.closed_reason is not None:
-                    raise ValueError(f"{what}: episode {ep.id!r} was closed ({ep.closed_reason})")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    reason = f"{what} got no answer within its timeout"
-                    self._close_episode_locked(ep, reason)
-                    raise TimeoutError(
-                        f"{what} for episode {ep.id!r}: no answer within the timeout "
-                        f"(is the driver running and its learner consuming experience? "
-                        f"are there enough slots, num_envs, for the episodes in flight?); "
-                        f"the episode was closed")
-                ep.cv.wait(remaining)
+                ep.cv.wait(self._check_wait_locked(ep, deadline, what))
         finally:
             ep.active_calls -= 1
             ep.last_seen = time.monotonic()
+
+    def _check_wait_locked(self, ep, deadline, what):
+        """The rules of a wait for `ep` that is not answered yet (blocking or
+        async): raises when the table is stopped, the episode closed, or the
+        deadline passed (then it closes the episode); else returns the seconds left."""
+        self._raise_if_stopped()
+        if ep.closed_reason is not None:
+            raise ValueError(f"{what}: episode {ep.id!r} was closed ({ep.closed_reason})")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            reason = f"{what} got no answer within its timeout"
+            self._close_episode_locked(ep, reason)
+            raise TimeoutError(
+                f"{what} for episode {ep.id!r}: no answer within the timeout "
+                f"(is the driver running and its learner consuming experience? "
+                f"are there enough slots, num_envs, for the episodes in flight?); "
+                f"the episode was closed")
+        return remaining
 
     def _enqueue(self, ep, event, deadline, what):
         self._wait(ep, lambda: len(ep.events) < self._max_pending, deadline, what)
@@ -400,6 +489,7 @@ class EpisodeTable(object):
             self._forget_locked(ep, reason)
         ep.cv.notify_all()
         self._poll_cv.notify_all()
+        self._recheck_async_locked(ep)   # get_action_async: as the woken waits do
 
     def _close_idle_unbound_locked(self):
         if self._idle_timeout is None:
@@ -416,8 +506,51 @@ class EpisodeTable(object):
     def _notify_all_locked(self):
         self._slot_cv.notify_all()
         self._poll_cv.notify_all()
-        for ep in self._episodes.values():
+        for ep in list(self._episodes.values()):
             ep.cv.notify_all()
+            self._recheck_async_locked(ep)   # get_action_async: as the woken waits do
+
+    # ------------------------------------------- get_action_async completion
+    # (client side only: the slot side completes a PendingAction by answering
+    # its _Reply, as it answers a blocked get_action.)
+
+    def _recheck_async_locked(self, ep):
+        """Applies the wait rules to `ep`'s async get_actions (lock held)."""
+        for pending in list(ep.async_waits):
+            self._check_async_locked(pending)
+
+    def _check_async_locked(self, pending):
+        ep = pending.episode
+        # Out of the set first: a TimeoutError closes the episode, whose
+        # recheck must not fail this call with "was closed".
+        ep.async_waits.discard(pending)
+        try:
+            remaining = self._check_wait_locked(ep, pending.deadline, "get_action")
+        except Exception as e:  # pylint: disable=broad-except
+            self._finish_async_locked(pending, None, e)
+            return None
+        ep.async_waits.add(pending)
+        return remaining
+
+    def _expire_async(self, pending):
+        with self._lock:
+            if pending.on_done is None:
+                return None
+            return self._check_async_locked(pending)
+
+    def _finish_async_locked(self, pending, action, error):
+        on_done, pending.on_done = pending.on_done, None
+        if on_done is None:
+            return
+        pending.reply.on_done = None
+        ep = pending.episode
+        ep.async_waits.discard(pending)
+        ep.active_calls -= 1
+        ep.last_seen = time.monotonic()
+        try:
+            on_done(action, error)
+        except Exception:  # pylint: disable=broad-except
+            logger.exception("get_action_async's on_done failed")
 
     # ---------------------------------------------------------- run thread
 

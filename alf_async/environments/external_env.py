@@ -94,6 +94,9 @@ What blocks, and how it ends
   `log_action` only while `max_pending_steps` steps of that episode wait for
   the driver. Each waits at most `action_timeout` seconds (then the episode
   is closed and TimeoutError raised).
+- `get_action_async` (for an event loop, e.g. the policy server's: no
+  thread parks per request) queues the step and returns; its callback
+  later gets the action or the exception get_action would have raised.
 - A slot's `reset()`/`step()` block until a client provides the next step.
 - `stop()` (any thread; also called when the driver closes a slot it used,
   i.e. by `driver.stop()`) wakes everything: blocked and later episode calls
@@ -368,6 +371,27 @@ class ExternalEnv(threading.Thread):
             ExternalEnvStoppedError: the env was stopped.
         """
         return self.__table.get_action(episode_id, observation, timeout, reward)
+
+    def get_action_async(self, episode_id, observation, on_done, timeout=None, reward=None):
+        """get_action for an event loop: queues the step without waiting for its action.
+
+        `on_done(action, error)` is called exactly once, from whichever
+        thread completes the call and under the ExternalEnv's lock (so it
+        must only hand the result over, e.g. `loop.call_soon_threadsafe`):
+        with the action, or with the exception get_action would raise
+        (ValueError when the episode was closed, ExternalEnvStoppedError,
+        TimeoutError once the returned PendingAction's `expire()` is called
+        at or after its `deadline`: the episode is then closed).
+
+        Returns:
+            A PendingAction, or None when the step would have to wait for
+            back-pressure (`max_pending_steps`): nothing was queued or
+            added; call get_action on a thread that may block.
+
+        Raises:
+            What get_action raises before it waits (nothing is queued).
+        """
+        return self.__table.get_action_async(episode_id, observation, on_done, timeout, reward)
 
     def log_action(self, episode_id, observation, action, timeout=None):
         """Records an observation and the action the caller took (off-policy).

@@ -5,6 +5,8 @@
 - `PolicyClient` (client.py): the same five methods, remote or local
   inference. Importing it does not import TensorFlow.
 - protocol.py: the JSON wire format both share, and the client's exceptions.
+- http_front.py: the server's one asyncio event loop and its connections;
+  http_wire.py: the HTTP/1.1 it parses and answers.
 
 Names are imported lazily, so that a remote client pays only for the client.
 """

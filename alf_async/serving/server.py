@@ -12,17 +12,20 @@ The wire format is `alf_async.serving.protocol` (JSON only). Every request
 is answered; refused ones get a 4xx (5xx when the server itself is stopped or
 failed) with a JSON error, and the server goes on serving everyone else:
 malformed JSON, unknown commands or arguments, observations or actions that
-do not match the specs (400), no or a wrong token (401), an unknown path
-(404), an HTTP method the path does not serve (405), no Content-Length
-(411), a body over `max_body_bytes` (413, not read), too many open episodes
-(429), no action in time (504).
+do not match the specs, a bad request line, HTTP version or Content-Length,
+a body shorter than announced (400), no or a wrong token (401), an unknown
+path (404), an HTTP method the path does not serve (405), no Content-Length
+or a chunked body (411), a body over `max_body_bytes` (413, read and
+dropped), too many open episodes (429), no action in time (504). The HTTP
+side (parsing, keep-alive, idle connections) is http_front.py's.
 
 Under load the server applies back-pressure, never drops (see
 ExternalEnv's "Memory under load"): a learner slower than its clients makes
 get_action/log_action (and `report`, whose events are log_actions) wait,
 start_episode beyond `max_concurrent` gets 429, and what the server holds
-stays below `max_concurrent * max_pending_steps` queued steps. Connection
-threads are one per open connection (clients keep theirs alive).
+stays below `max_concurrent * max_pending_steps` queued steps. A waiting
+request costs a pending answer on the event loop, not a thread (except the
+worker of a call waiting for back-pressure, see Threads).
 
 A client that disappears mid-episode does not block the driver: its episode
 is closed after `episode_idle_timeout` seconds without a request (see
@@ -30,14 +33,26 @@ ExternalEnv) and its slot serves other episodes.
 
 Threads
 -------
-`run()` (the ExternalEnv thread, started with the driver) accepts
-connections; each connection gets a daemon thread ("policy_server_conn")
-that serves its keep-alive requests one after another and blocks in
-get_action / end_episode / log_action as ExternalEnv does. `stop()` (called
-by `driver.stop()`, or directly) wakes every blocked request (it answers
-503), makes `run()` return within `poll_interval`, closes every open
-connection, and `run()` then joins the connection threads and closes the
-listening socket. `close()` stops and joins: nothing is left behind.
+`run()` (the ExternalEnv thread, started with the driver) runs one asyncio
+event loop (http_front.HTTPFront) that serves every connection: it reads,
+parses and answers all requests; there is no thread per connection.
+- get_action queues its step with `get_action_async` and returns to the
+  loop; the loop answers when the slot's action arrives (handed over by
+  `call_soon_threadsafe`) or when the timer it armed at the deadline
+  closes the episode (504). When the episode already has
+  `max_pending_steps` steps queued, the call waits on a worker instead.
+- log_action, end_episode and report (which may wait for back-pressure or
+  for the slot) and the policy export (TF work) run on a bounded pool of
+  worker threads ("policy_server_worker_N", at most max_concurrent + 2,
+  started on demand); the loop answers when they return.
+- start_episode and log_returns never block: they run on the loop.
+`stop()` (called by `driver.stop()`, or directly; any thread) wakes every
+waiting request, so each answers 503 at once; idle connections close at
+once, the others after their answer. `run()` then closes the listening
+socket and every connection (a request still unanswered after about
+`poll_interval` gets 503), joins the workers (one exporting the policy
+finishes its TF work first) and returns: within `poll_interval` unless an
+export was running. `close()` stops and joins: nothing is left behind.
 
 Security: binds 127.0.0.1 by default. Bind another interface only with a
 token and behind TLS termination: the token travels in clear HTTP. The
@@ -45,16 +60,14 @@ policy export (local inference) is a SavedModel that clients load and run:
 clients must trust the server, never the other way round.
 """
 
-import email.utils
+import concurrent.futures
+import functools
 import hashlib
 import hmac
-import http
-import http.server
 import io
 import logging
 import os
 import shutil
-import socket
 import tarfile
 import tempfile
 import threading
@@ -64,11 +77,14 @@ import weakref
 from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
                                                  ExternalEnvStoppedError,
                                                  TooManyEpisodesError)
-from alf_async.serving import protocol
+from alf_async.serving import http_front, http_wire, protocol
 
 logger = logging.getLogger(__name__)
 
-_MAX_DISCARD_BYTES = 64 << 20
+_SPARE_WORKERS = 2                 # workers beyond one per episode: policy exports
+_LOOP_BODY_BYTES = 64 << 10        # larger bodies are decoded on a worker, not the loop
+_NEVER_BLOCK = ("start_episode", "log_returns")
+_POLICY_PATHS = (protocol.POLICY_MODEL_PATH, protocol.POLICY_WEIGHTS_PATH)
 
 
 class PolicyServerEnv(ExternalEnv):
@@ -96,7 +112,7 @@ class PolicyServerEnv(ExternalEnv):
             max_body_bytes: larger request bodies get 413 (the body is read
                 and dropped, up to 64 MiB, and the connection closed).
             connection_idle_timeout: seconds a keep-alive connection may
-                stay silent before the server closes it.
+                stay silent before the server closes it (None: never).
             weights_refresh_secs: how stale the exported weights may be.
             poll_interval: how often `run()` checks for stop.
             name: the ExternalEnv thread's name.
@@ -107,44 +123,53 @@ class PolicyServerEnv(ExternalEnv):
                          episode_idle_timeout=episode_idle_timeout, name=name,
                          **external_env_kwargs)
         self._token = token
-        self._max_body = int(max_body_bytes)
-        self._poll = float(poll_interval)
         self._export = _PolicyExport(policy, weights_refresh_secs) if policy is not None else None
-        handler = type("_BoundHandler", (_Handler,), {"timeout": connection_idle_timeout})
+        # Threads start on demand: one per call blocked at once, at most one
+        # per open episode plus the exports.
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_concurrent + _SPARE_WORKERS, thread_name_prefix="policy_server_worker")
+        routes = _Routes(self, self._workers)
         try:
-            self._httpd = _HTTPServer((host, port), handler, self)
+            self._front = http_front.HTTPFront(
+                host, port, routes, max_body_bytes=max_body_bytes,
+                idle_timeout=connection_idle_timeout, poll_interval=poll_interval,
+                should_stop=lambda: self.stopped)
         except BaseException:
+            self._workers.shutdown()
             if self._export is not None:
                 self._export.close()
             raise
-        bound_host, bound_port = self._httpd.server_address[:2]
+        routes.front = self._front
+        bound_host, bound_port = self._front.address
         self.address = f"http://{bound_host}:{bound_port}"
 
     # ------------------------------------------------------------- serving
 
     def run(self):
-        """Serves requests until `stop()`; then closes every connection."""
-        self._httpd.timeout = self._poll
+        """Serves requests until `stop()`; then closes every connection and joins the workers."""
         try:
-            while not self.stopped:
-                self._httpd.handle_request()   # one accept, or a timeout after poll_interval
+            self._front.serve()
         finally:
-            self._httpd.close_all()
-            if self._export is not None:
+            # Stopped: every worker's call was woken. (If serve() failed, the
+            # stop that follows wakes them, and close() joins them.)
+            self._workers.shutdown(wait=self.stopped, cancel_futures=True)
+            if self._export is not None and self.stopped:
                 self._export.close()
 
     def on_stop(self):
-        # run() sees `stopped` within poll_interval; blocked requests were
-        # woken by ExternalEnv.stop(). Connections idle in keep-alive reads
-        # are closed here so that their threads end now.
-        self._httpd.shutdown_connections()
+        # Waiting requests were woken by ExternalEnv.stop() (their answers
+        # are on their way to the loop); requests queued for a worker are
+        # cancelled (503); the loop closes the connections and returns.
+        self._front.stop()
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def close(self, timeout=10.0):
         """Stops serving and joins every thread; idempotent."""
         self.stop(reason="close() was called")
         self.join(timeout)
         if not self.run_started:   # run() never ran: close the socket here
-            self._httpd.close_all()
+            self._front.close()
+        self._workers.shutdown(wait=True, cancel_futures=True)
         if self._export is not None:
             self._export.close()
 
@@ -157,10 +182,12 @@ class PolicyServerEnv(ExternalEnv):
         return header is not None and hmac.compare_digest(header.encode(), expected)
 
     def dispatch(self, command, args):
-        """Runs one parsed command (on a connection thread); returns the response object.
+        """Runs one parsed command; returns the response object.
 
-        An episode method's arguments are its keyword arguments (the protocol
-        checked their names against episode_api.METHODS).
+        Called on the event loop thread for commands that never block
+        (start_episode, log_returns), on a worker for the others. An episode
+        method's arguments are its keyword arguments (the protocol checked
+        their names against episode_api.METHODS).
         """
         if command == "report":
             return {"applied": self._report(args["events"])}
@@ -203,288 +230,179 @@ def error_type_of(exc):
     return "InternalError", f"the server failed ({type(exc).__name__}); see its log"
 
 
-class _HTTPServer(http.server.HTTPServer):
-    """An HTTPServer with one daemon thread per connection, all tracked.
+# ----------------------------------------------------------------- routes
 
-    Threads: `handle_request()` runs on the ExternalEnv thread; the
-    connection threads on their own; `shutdown_connections()` and
-    `close_all()` on any thread.
+
+class _Routes(object):
+    """Answers each request the HTTPFront hands over: paths, token, commands.
+
+    Threads: `__call__` and every answer run on the event loop thread;
+    `_on_worker`'s work on a worker thread; `_ActionWait.completed` on
+    whichever thread completes a get_action. Nothing here blocks the loop.
     """
 
-    allow_reuse_address = True
-    # Many clients may connect at once (socketserver's default backlog is 5).
-    request_queue_size = 128
+    def __init__(self, env, workers):
+        self._env = env
+        self._workers = workers
+        self.front = None   # set once the front exists (it needs us first)
 
-    def __init__(self, address, handler, env):
-        self.env = env
-        self._conn_lock = threading.Lock()
-        self._connections = {}   # thread -> socket
-        self._busy = set()       # threads inside a request
-        self.closed = False
-        super().__init__(address, handler)
+    def __call__(self, request):
+        if request.method == "POST":
+            self._post(request)
+        else:
+            self._get(request)
 
-    def process_request(self, request, client_address):
-        thread = threading.Thread(target=self._serve_connection,
-                                  args=(request, client_address),
-                                  name="policy_server_conn", daemon=True)
-        with self._conn_lock:
-            if self.closed:
-                self.shutdown_request(request)
-                return
-            self._connections[thread] = request
-        thread.start()
-
-    def set_busy(self, busy):
-        """Called by a connection thread around each request it serves."""
-        with self._conn_lock:
-            if busy:
-                self._busy.add(threading.current_thread())
-            else:
-                self._busy.discard(threading.current_thread())
-
-    def _serve_connection(self, request, client_address):
+    def _post(self, req):
+        if req.path in _POLICY_PATHS:
+            return _method_not_allowed(req, f"POST {req.path}: the policy is fetched with GET")
+        if req.path != protocol.COMMAND_PATH:
+            return req.respond_error("NotFound", f"no such path {req.path!r}; POST commands "
+                                                 f"to {protocol.COMMAND_PATH}")
+        if not self._env.authorized(req.headers.get("authorization")):
+            return _unauthorized(req)
+        if len(req.body) > _LOOP_BODY_BYTES:   # decoding it would hold up every connection
+            return self._on_worker(req, functools.partial(self._parse_and_run, req.body),
+                                   _answer_json)
         try:
-            self.finish_request(request, client_address)
-        except Exception:  # pylint: disable=broad-except
-            if not self.env.stopped:
-                logger.debug("connection from %s failed", client_address, exc_info=True)
-        finally:
-            self.shutdown_request(request)
-            with self._conn_lock:
-                self._connections.pop(threading.current_thread(), None)
-                self._busy.discard(threading.current_thread())
-
-    def shutdown_connections(self):
-        """Shuts down every connection waiting for its next request.
-
-        Connections inside a request answer it first (a stopped ExternalEnv
-        answers at once) and then close.
-        """
-        with self._conn_lock:
-            self.closed = True
-            sockets = [s for t, s in self._connections.items() if t not in self._busy]
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close_all(self, timeout=5.0):
-        """Closes the connections, joins their threads, closes the listening socket."""
-        self.shutdown_connections()
-        deadline = time.monotonic() + timeout
-        with self._conn_lock:
-            threads = list(self._connections)
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        self.server_close()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """One connection's requests (keep-alive); runs on its connection thread."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = "alf_async-policy-server/1"
-    # Headers and body are two writes: without TCP_NODELAY, Nagle's algorithm
-    # and the client's delayed ACK add ~40 ms to every response.
-    disable_nagle_algorithm = True
-
-    def send_error(self, code, message=None, explain=None):
-        """http.server's own refusals, as 4xx with a JSON error body like every
-        other: it answers 501 to a method we do not serve and 505 to an HTTP
-        version other than 1.x; both are the client's request at fault, so
-        405 and 400. The connection then closes (the request was not read).
-
-        A request line it could not parse leaves the request's version at
-        HTTP/0.9, whose responses have no status line; the error is sent
-        with one (HTTP/1.1) all the same, so that its status is readable.
-        """
-        del explain
-        if self.request_version == "HTTP/0.9":
-            self.request_version = self.protocol_version
-        if code == 501:
-            self._method_not_allowed(f"method {self.command!r} is not allowed: use GET or POST")
-            return
-        if code == 505:
-            code = 400
-            message = f"HTTP version not supported: {message or ''} (use HTTP/1.1)"
-        type_name = protocol.type_of_status(code)
-        self.close_connection = True
-        self._send(code, protocol.error_body(type_name, message or f"HTTP error {code}"))
-
-    def log_message(self, format, *args):  # pylint: disable=redefined-builtin
-        logger.debug("%s - " + format, self.address_string(), *args)
-
-    # ------------------------------------------------------------ routes
-
-    def do_POST(self):
-        self.server.set_busy(True)
-        try:
-            self._post()
-        finally:
-            self.server.set_busy(False)
-
-    def do_GET(self):
-        self.server.set_busy(True)
-        try:
-            self._get()
-        finally:
-            self.server.set_busy(False)
-
-    def _post(self):
-        env = self.server.env
-        body = self._read_body(env)
-        if body is None:
-            return
-        if self.path in (protocol.POLICY_MODEL_PATH, protocol.POLICY_WEIGHTS_PATH):
-            return self._method_not_allowed(f"POST {self.path}: the policy is fetched with GET")
-        if self.path != protocol.COMMAND_PATH:
-            return self._error("NotFound", f"no such path {self.path!r}; POST commands to "
-                               f"{protocol.COMMAND_PATH}")
-        if not env.authorized(self.headers.get("Authorization")):
-            return self._unauthorized()
-        try:
-            command, args = protocol.parse_command(protocol.decode_json(body))
-            result = env.dispatch(command, args)
+            command, args = protocol.parse_command(protocol.decode_json(req.body))
         except Exception as e:  # pylint: disable=broad-except
-            type_name, message = error_type_of(e)
-            if type_name == "InternalError":
-                logger.exception("command failed")
-            return self._error(type_name, message)
-        self._send(200, protocol.encode(result))
+            return _answer_error(req, e)
+        if command == "get_action":
+            return self._get_action(req, args)
+        if command in _NEVER_BLOCK:
+            try:
+                result = self._env.dispatch(command, args)
+            except Exception as e:  # pylint: disable=broad-except
+                return _answer_error(req, e)
+            return _answer_json(req, result)
+        self._on_worker(req, functools.partial(self._env.dispatch, command, args), _answer_json)
 
-    def _get(self):
-        env = self.server.env
-        if self.path == protocol.COMMAND_PATH:
-            return self._method_not_allowed(f"GET {self.path}: commands are sent with POST")
-        if self.path not in (protocol.POLICY_MODEL_PATH, protocol.POLICY_WEIGHTS_PATH):
-            return self._error("NotFound", f"no such path {self.path!r}", body_unread=True)
-        if not env.authorized(self.headers.get("Authorization")):
-            return self._unauthorized()
+    def _parse_and_run(self, body):   # on a worker
+        command, args = protocol.parse_command(protocol.decode_json(body))
+        return self._env.dispatch(command, args)
+
+    def _get_action(self, req, args):
+        wait = _ActionWait(self.front, req)
         try:
-            if self.path == protocol.POLICY_MODEL_PATH:
-                blob = env.policy_model()
-                etag = None
-            else:
-                export = env.policy_weights()
-                etag, blob = export if export is not None else (None, None)
-        except Exception:  # pylint: disable=broad-except
-            logger.exception("exporting the policy failed")
-            return self._error("InternalError", "exporting the policy failed; see the "
-                               "server's log")
-        if blob is None:
-            return self._error("NotFound", "this server exports no policy: construct "
-                               "PolicyServerEnv(..., policy=...) for local inference")
-        if etag is not None and self.headers.get("If-None-Match") == etag:
-            return self._send(304, b"", etag=etag)
-        self._send(200, blob, content_type="application/gzip", etag=etag)
+            pending = self._env.get_action_async(args["episode_id"], args["observation"],
+                                                 wait.completed, reward=args.get("reward"))
+        except Exception as e:  # pylint: disable=broad-except
+            return _answer_error(req, e)
+        if pending is None:   # back-pressure: the blocking call waits on a worker
+            return self._on_worker(
+                req, functools.partial(self._env.dispatch, "get_action", args), _answer_json)
+        wait.arm(pending)
 
-    # ----------------------------------------------------------- helpers
+    def _get(self, req):
+        if req.path == protocol.COMMAND_PATH:
+            return _method_not_allowed(req, f"GET {req.path}: commands are sent with POST")
+        if req.path not in _POLICY_PATHS:
+            return req.respond_error("NotFound", f"no such path {req.path!r}", close=True)
+        if not self._env.authorized(req.headers.get("authorization")):
+            return _unauthorized(req)
+        if req.path == protocol.POLICY_MODEL_PATH:
+            work = lambda: (None, self._env.policy_model())
+        else:
+            work = lambda: self._env.policy_weights() or (None, None)
+        self._on_worker(req, work, _answer_policy, fail=_export_failed)
 
-    def _read_body(self, env):
-        """The request body, or None after answering a request whose body is refused."""
-        if self.headers.get("Transfer-Encoding"):
-            self._error("LengthRequired", "chunked bodies are not accepted: send "
-                        "Content-Length", body_unread=True)
-            return None
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self._error("LengthRequired", "a Content-Length header is required",
-                        body_unread=True)
-            return None
+    def _on_worker(self, req, work, answer, fail=None):
+        """Runs work() on a worker; then answer(req, result) or fail(req, exc) on the loop."""
         try:
-            length = int(length)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self._error("BadRequest", f"bad Content-Length {length!r}", body_unread=True)
-            return None
-        if length > env._max_body:
-            self._error("RequestTooLarge", f"request body of {length} bytes is over the "
-                        f"server's limit of {env._max_body}", body_unread=True)
-            self._discard(min(length, _MAX_DISCARD_BYTES))
-            return None
-        body = self.rfile.read(length)
-        if len(body) != length:
-            # The client closed (or half-closed) before sending what it
-            # announced: never apply the start of a body.
-            self._error("BadRequest", f"the body ended after {len(body)} of the "
-                        f"{length} bytes its Content-Length announced", body_unread=True)
-            return None
-        return body
-
-    def _discard(self, length):
-        """Reads (and drops) a refused body, so that the client gets to read our
-        answer instead of a connection reset; the connection then closes."""
-        try:
-            while length > 0:
-                chunk = self.rfile.read(min(length, 1 << 16))
-                if not chunk:
-                    return
-                length -= len(chunk)
-        except OSError:
-            pass
-
-    def _method_not_allowed(self, message):
-        self._error("MethodNotAllowed", message, body_unread=True,
-                    headers={"Allow": "GET, POST"})
-
-    def _unauthorized(self):
-        self._error("Unauthorized", "missing or wrong 'Authorization: Bearer <token>'",
-                    body_unread=True, headers={"WWW-Authenticate": "Bearer"})
-
-    def _error(self, type_name, message, body_unread=False, headers=None):
-        if body_unread:
-            # The unread body would be parsed as the next request: close.
-            self.close_connection = True
-        self._send(protocol.status_of(type_name), protocol.error_body(type_name, message),
-                   headers=headers)
-
-    def _send(self, status, body, content_type=protocol.CONTENT_TYPE, etag=None, headers=None):
-        """Writes the whole response -- status line, headers, body -- in one
-        send: http.server's send_response/end_headers and a separate body
-        write are two sends, i.e. two packets and two wake-ups of the client
-        per response, and format the Date header each time."""
-        if self.server.closed:
-            self.close_connection = True
-        if logger.isEnabledFor(logging.DEBUG):
-            self.log_request(status)
-        lines = [f"{self.protocol_version} {status} {_REASONS.get(status, '')}\r\n"
-                 f"Server: {self.server_version}\r\nDate: {_http_date()}\r\n"]
-        if status != 304:
-            lines.append(f"Content-Type: {content_type}\r\n")
-        lines.append(f"Content-Length: {len(body)}\r\n")
-        if etag is not None:
-            lines.append(f"ETag: {etag}\r\n")
-        for k, v in (headers or {}).items():
-            lines.append(f"{k}: {v}\r\n")
-        if self.close_connection:
-            lines.append("Connection: close\r\n")
-        lines.append("\r\n")
-        try:
-            self.wfile.write("".join(lines).encode("latin-1") + body)
-        except OSError:   # the client went away
-            self.close_connection = True
+            future = self._workers.submit(work)
+        except RuntimeError:   # the pool is shut down: the server is stopping
+            return req.respond_error("ServerStoppedError", "the server is stopping")
+        future.add_done_callback(lambda f: self.front.call_soon_threadsafe(
+            _worker_done, req, f, answer, fail or _answer_error))
 
 
-_REASONS = {status.value: status.phrase for status in http.HTTPStatus}
-_date_cache = [0, ""]   # (second, its Date header value); a stale read is harmless
+class _ActionWait(object):
+    """One get_action in flight with no thread waiting for it.
+
+    Threads: `completed` is called by the ExternalEnv (under its lock, any
+    thread) and hands over to the loop; everything else runs on the loop.
+    """
+    __slots__ = ("_front", "_request", "_pending", "_timer")
+
+    def __init__(self, front, request):
+        self._front = front
+        self._request = request
+        self._pending = None
+        self._timer = None
+
+    def arm(self, pending):
+        self._pending = pending
+        self._timer = self._front.loop.call_at(pending.deadline, self._expire)
+
+    def _expire(self):   # the deadline: TimeoutError (or a close/stop seen first)
+        self._timer = None
+        left = self._pending.expire()
+        if left is not None:   # the timer fired early
+            self._timer = self._front.loop.call_later(left, self._expire)
+
+    def completed(self, action, error):
+        self._front.call_soon_threadsafe(self._answer, action, error)
+
+    def _answer(self, action, error):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if error is not None:
+            return _answer_error(self._request, error)
+        _answer_json(self._request, protocol.result_of("get_action", action))
 
 
-def _http_date():
-    """The Date header value, formatted at most once a second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[1] = email.utils.formatdate(now, usegmt=True)
-        _date_cache[0] = now
-    return _date_cache[1]
+def _worker_done(req, future, answer, fail):
+    if future.cancelled():
+        return req.respond_error("ServerStoppedError", "the server stopped before running "
+                                                       "this request")
+    error = future.exception()
+    if error is not None:
+        return fail(req, error)
+    answer(req, future.result())
+
+
+def _answer_json(req, result):
+    req.respond(200, protocol.encode(result))
+
+
+def _answer_error(req, exc):
+    type_name, message = error_type_of(exc)
+    if type_name == "InternalError":
+        logger.error("command failed", exc_info=exc)
+    req.respond_error(type_name, message)
+
+
+def _answer_policy(req, export):
+    etag, blob = export
+    if blob is None:
+        return req.respond_error("NotFound", "this server exports no policy: construct "
+                                             "PolicyServerEnv(..., policy=...) for local inference")
+    if etag is not None and req.headers.get("if-none-match") == etag:
+        return req.respond(304, b"", headers={"ETag": etag})
+    req.respond(200, blob, content_type="application/gzip",
+                headers=None if etag is None else {"ETag": etag})
+
+
+def _export_failed(req, exc):
+    logger.error("exporting the policy failed", exc_info=exc)
+    req.respond_error("InternalError", "exporting the policy failed; see the server's log")
+
+
+def _method_not_allowed(req, message):
+    req.respond_error("MethodNotAllowed", message, headers=http_wire.ALLOW, close=True)
+
+
+def _unauthorized(req):
+    req.respond_error("Unauthorized", "missing or wrong 'Authorization: Bearer <token>'",
+                      headers={"WWW-Authenticate": "Bearer"}, close=True)
 
 
 class _PolicyExport(object):
     """A policy as a SavedModel tarball, plus its current weights on demand.
 
     Threads: built on the server's constructing thread (PolicySaver traces
-    the policy there); `model()`/`weights()` are called by connection
+    the policy there); `model()`/`weights()` are called by worker
     threads (serialised by a lock); `close()` by any thread.
     """
 
