@@ -27,11 +27,11 @@ both).
 """
 
 import abc
+import functools
 import os
 import sys
 import typing
 
-_installed = None
 # protocol class -> (callable members only, ((member name, is a method), ...)).
 # Kept here, not on the class: typing counts every name in a protocol's
 # __dict__ as a member.
@@ -75,12 +75,9 @@ def _fix(protocol):
     return True
 
 
+@functools.lru_cache(maxsize=None)   # once per process
 def install():
-    """Fixes TF's per-step protocols once; returns whether it did."""
-    global _installed
-    if _installed is not None:
-        return _installed
-    _installed = False
+    """Fixes TF's per-step protocols (once); returns whether it did."""
     if os.environ.get("ALF_ASYNC_PROTOCOL_CHECK_FIX", "1") == "0" or not applies():
         return False
     # pylint: disable=import-outside-toplevel
@@ -89,5 +86,4 @@ def install():
     from tensorflow.python.util import nest_util
     fixed = [_fix(p) for p in (tensor_util.IsTensorLike, core.TensorProtocol,
                                nest_util.CustomNestProtocol)]
-    _installed = any(fixed)
-    return _installed
+    return any(fixed)
