@@ -136,9 +136,9 @@ class RowWorkers(object):
         A worker inside a step exits when the step returns; one that never
         returns keeps a waiting caller here, as a step of its own would. The
         env thread leaving with an error does not wait: another row may be
-        blocked in a step that only the driver's stop ends (an ExternalEnv
-        slot waiting for a client), and the driver stops only once the
-        error is raised.
+        blocked in a step that only the driver's stop ends (a hung child
+        process, a remote simulator that stopped answering), and the driver
+        stops only once the error is raised.
         """
         for inbox in self._inboxes:
             inbox.put(_STOP)

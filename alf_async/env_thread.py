@@ -21,8 +21,9 @@ batch are separate environments (tf-agents' BatchedPyEnvironment, our
 BatchedSubprocessEnv), each row is stepped on its own worker thread and
 asks for its action as soon as it is ready (`_rows_loop`, env_rows.py): no
 row waits for a slower one. (ExternalEnv's batched slots are rows too, but
-step without worker threads: slot_stepper.py.) Other blocking environments are stepped as one
-batch from a Python loop with eager queue ops (`_python_loop`). Both stay off
+step without worker threads: slot_stepper.py.) Other blocking environments
+are stepped as one batch from a Python loop with eager queue ops
+(`_python_loop`). Both stay off
 the graph, and both record what an `AppliedStep` environment (or row)
 applied (applied_steps.py): its action in the trajectory, and its
 untrainable transitions as inert boundaries in the learn queue's copy of
@@ -308,10 +309,10 @@ class EnvThread(threading.Thread):
                                  tf.nest.pack_sequence_as(action_spec, action))
         finally:
             # Leaving with an error of its own (a row's, EndOfData) while the
-            # driver runs: do not wait for rows blocked in a step (an
-            # ExternalEnv slot waiting for a client); the driver stops once
-            # the error is raised and its stop closes them. On stop the
-            # driver has closed them already: wait.
+            # driver runs: do not wait for rows blocked in a step (a hung
+            # child process); the driver stops once the error is raised and
+            # its stop closes them. On stop the driver has closed them
+            # already: wait.
             workers.close(wait=not failed or self._coord.should_stop())
 
     # ----------------------------------------------------- Python (blocking)

@@ -25,7 +25,6 @@ from alf_async.environments.episode_records import (ACT, CUT, END, Current,
 class SlotSide(object):
     """The slot methods of EpisodeTable (a base class of it; see the module docstring)."""
 
-
     def _raise_in_slot(self, slot):
         if self._error is not None:
             raise self._error
@@ -35,9 +34,9 @@ class SlotSide(object):
             raise ExternalEnvStoppedError(f"the ExternalEnv is stopped ({self._stop_reason})")
 
     def slot_reset(self, slot):
-        """`slot.reset()` (its env thread): binds the next
-        episode with a step ready and returns its FIRST time step (unbatched);
-        blocks until there is one."""
+        """`slot.reset()` (its env thread): binds the next episode with a step
+        ready and returns its FIRST time step (unbatched); blocks until there
+        is one."""
         self.start()   # the ExternalEnv's run() thread starts with the driver
         with self._lock:
             slot.used = True
@@ -52,11 +51,11 @@ class SlotSide(object):
             return slot.current.time_step
 
     def slot_step(self, slot, action):
-        """`slot.step(action)` (its env thread; `action`
-        unbatched): answers the step's get_action, records what it applied
-        (`slot.applied`: logged action or None, trainable), returns the next
-        (unbatched) time step;
-        blocks until the episode (or, after its LAST, the next one) has one."""
+        """`slot.step(action)` (its env thread; `action` unbatched): answers
+        the step's get_action, records what it applied (`slot.applied`:
+        logged action or None, trainable), returns the next (unbatched) time
+        step; blocks until the episode (or, after its LAST, the next one) has
+        one."""
         try:
             return self._slot_step_or_raise(slot, action)
         except SlotClosed:
@@ -139,10 +138,7 @@ class SlotSide(object):
         with self._lock:
             while True:
                 results = []
-                now = time.monotonic()
                 for slot in slots:
-                    if not self._may_advance_locked(slot, now):
-                        continue
                     try:
                         if slot.current is None:
                             nxt = self._bind_next_locked(slot, wait=False)
@@ -161,28 +157,6 @@ class SlotSide(object):
                     return results
                 self._poll_cv.wait(timeout)
                 timeout = 0   # one more look, then return
-
-    def _may_advance_locked(self, slot, now):
-        """False when a polled slot's next step has certainly not come: what
-        `_advance_locked(slot, wait=False)` would find, checked without its
-        work (one env thread may poll dozens of slots per client call).
-
-        A slot waiting for an episode counts as waiting (`_waiting_slots`),
-        as `_bind_next_locked` would record it.
-        """
-        if slot.closed or self._stop_requested or self._error is not None:
-            return True
-        cur = slot.current
-        if cur is None or cur.step_type == StepType.LAST:
-            if self._ready or self._run_returned:
-                return True
-            self._waiting_slots.add(slot)
-            return False
-        ep = cur.episode
-        if ep.events or ep.closed_reason is not None:
-            return True
-        return (self._idle_timeout is not None and ep.active_calls == 0 and
-                now - ep.last_seen >= self._idle_timeout)
 
     def slot_close(self, slot):
         """`slot.close()` (any thread; the driver's stop): closes it, and every

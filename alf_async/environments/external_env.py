@@ -206,10 +206,11 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
     the batch dimension.
 
     Threads: `reset()`/`step()` and then `applied_step()` are called by one
-    driver thread (the env thread); the first two block
-    until a client provides the next step (or the ExternalEnv stops: then
-    they raise). `close()` may be called by any thread. The EpisodeTable
-    sets the state below under its lock.
+    driver thread (the env thread); the first two block until a client
+    provides the next step (or the ExternalEnv stops: then they raise). A
+    batch of slots is stepped through the EpisodeTable's polled-slot methods
+    instead (`row_stepper`). `close()` may be called by any thread. The
+    EpisodeTable sets the state below under its lock.
     """
 
     def __init__(self, table, index, batched=True):
@@ -450,7 +451,7 @@ class ExternalEnv(threading.Thread):
                 TFPyEnvironment, one slot per env thread. K > 1: a
                 TFPyEnvironment of batch K whose rows are K slots, which the
                 env thread steps one by one, whichever have a client step
-                ready (env_rows.py), so one env thread serves K episodes at
+                ready (slot_stepper.py), so one env thread serves K episodes at
                 once (and a request to the actor carries every slot ready).
 
         Raises:
