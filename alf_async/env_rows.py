@@ -14,8 +14,8 @@ TFPyEnvironment whose Python environment has `envs` (tf-agents'
 BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched
 slots), every one of them unbatched and whose step blocks
 (`capabilities.steps_block`). Rows whose environments offer a stepper of
-their own get it instead of worker threads (`row_stepper`; ExternalEnv's
-slots, slot_stepper.py). Rows may be `AppliedStep`s (ExternalEnv's slots
+their own get it instead of worker threads (`row_stepper`: ExternalEnv's
+slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py). Rows may be `AppliedStep`s (ExternalEnv's slots
 are): a row's worker reads `applied_step()` right after the row's step,
 and `RowRecorder` records the applied action in that row's transition
 and keeps its `trainable` flag with the row's unroll (the env thread makes
@@ -74,7 +74,8 @@ def row_stepper(name, envs, on_step):
     """What steps `envs` row by row for an env thread: the rows' own stepper
     if their environments offer one (`envs[0].row_stepper(envs, on_step)`
     returning an object with RowWorkers' interface; ExternalEnv slots do,
-    slot_stepper.py), else `RowWorkers(name, envs, on_step)`."""
+    slot_stepper.py, and SubprocessEnvs, subprocess_rows.py), else
+    `RowWorkers(name, envs, on_step)`."""
     offer = getattr(envs[0], "row_stepper", None)
     stepper = offer(envs, on_step) if callable(offer) else None
     return stepper if stepper is not None else RowWorkers(name, envs, on_step)

@@ -217,12 +217,14 @@ class EnvThread(threading.Thread):
                 self._queues.learn_queue.queue.queue_ref, self._queues.log_queue.queue.queue_ref)
 
     def _rows_loop(self, envs):
-        """Steps each row on its own worker thread and asks for actions for
-        whichever rows are ready (EnvPool's asynchronous mode, see env_rows.py).
+        """Steps each row on its own worker thread (or with the rows' own
+        stepper: ExternalEnv slots, SubprocessEnv children, no threads) and
+        asks for actions for whichever rows are ready (EnvPool's
+        asynchronous mode, see env_rows.py).
 
-        A worker records its row's transition itself, right after the step,
-        in per-row unroll buffers; a row with T transitions is copied out
-        whole. Each iteration of this thread then takes the rows that are
+        A row's transition is recorded right after its step (by its worker,
+        or in the stepper's `recv`) in per-row unroll buffers; a row with T
+        transitions is copied out whole. Each iteration of this thread then takes the rows that are
         ready, sends one request of them to the actor, waits for their
         policy steps and hands each row its action; once B rows' unrolls are
         complete it ships them (one enqueue to the log queue, then one to the

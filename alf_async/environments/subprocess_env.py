@@ -20,6 +20,11 @@ Public API
 ``current_env_index()``
     Inside a child: the index of the environment it serves (env_index.py).
 
+In the driver, the rows of a ``BatchedSubprocessEnv`` are stepped one by one,
+whichever children have answered, by their env thread alone
+(``SubprocessEnv.row_stepper``, subprocess_rows.py: one epoll set over the
+pipes, no worker thread per row).
+
 The child process and the wire protocol are in subprocess_protocol.py.
 
 ``env_constructor`` requirements
@@ -327,6 +332,31 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
         """Like `step_async`, for a reset."""
         self._send(protocol.RESET, None)
         return self._receive
+
+    def reply_waitable(self):
+        """What to wait on for the reply to the request in flight, for a caller
+        waiting for several environments at once (SubprocessRows).
+
+        Returns:
+            (connection, deadline): the reply can be received without waiting
+            once the connection is readable (the child answered, or died) or
+            `time.monotonic()` has passed `deadline` (the child is hung);
+            or None when the receive needs no wait (the step is answered
+            without the child after a restart, or the send already failed).
+        """
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.pending or in_flight.failure is not None:
+            return None
+        return self._child.conn, in_flight.deadline
+
+    def row_stepper(self, rows, on_step):
+        """How an env thread steps `rows` (this environment among them) one by
+        one: a SubprocessRows (subprocess_rows.py, no worker threads) when every
+        row is a SubprocessEnv, else None (env_rows.py's RowWorkers then)."""
+        if not all(isinstance(r, SubprocessEnv) for r in rows):
+            return None
+        from alf_async.environments.subprocess_rows import SubprocessRows  # pylint: disable=import-outside-toplevel
+        return SubprocessRows(rows, on_step)
 
     def call(self, name: str, *args, **kwargs):
         """Calls ``env.<name>(*args, **kwargs)`` in the child and returns the result."""

@@ -307,12 +307,16 @@ class ChildProcess(object):
         conn, sentinel = self.conn, self.process.sentinel
         while True:
             interrupted()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ChildDied(f"pid {self.pid} did not answer {what!r} within "
-                                f"{timeout_secs:g} s (hung)")
             try:
-                ready = multiprocessing.connection.wait([conn, sentinel], timeout=remaining)
+                # The reply is often there already (SubprocessRows waited for
+                # it): one poll of one pipe, not a selector over two.
+                waiting = not conn.poll(0)
+                remaining = deadline - time.monotonic()
+                if waiting and remaining <= 0:
+                    raise ChildDied(f"pid {self.pid} did not answer {what!r} within "
+                                    f"{timeout_secs:g} s (hung)")
+                ready = (multiprocessing.connection.wait([conn, sentinel], timeout=remaining)
+                         if waiting else [conn])
             except (OSError, ValueError) as e:  # our handles were closed under us
                 interrupted()
                 raise ChildDied(f"waiting for pid {self.pid} failed ({e!r})") from None

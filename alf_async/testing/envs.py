@@ -238,6 +238,23 @@ def hanging_env(hang_on_step=2):
     return CountingEnv(hang_on_step=hang_on_step)
 
 
+def first_env_hangs(hang_on_step=3):
+    """Env index 0 sleeps forever in its `hang_on_step`-th step; the others never hang."""
+    return CountingEnv(hang_on_step=hang_on_step if (current_env_index() or 0) == 0 else None)
+
+
+def uniform_latency(env_index, rng):
+    """A BlockingCountingEnv latency: uniform in [0, 3 ms), seeded per environment."""
+    del env_index
+    return rng.uniform(0.0, 0.003)
+
+
+def straggler_latency(env_index, rng):
+    """A BlockingCountingEnv latency: 0.25 s a step for env index 0, none for the others."""
+    del rng
+    return 0.25 if env_index == 0 else 0.0
+
+
 def crashing_env(exit_on_step=1):
     """The process exits (os._exit(3)) in its `exit_on_step`-th step."""
     return CountingEnv(exit_on_step=exit_on_step)
