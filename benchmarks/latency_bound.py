@@ -19,6 +19,18 @@ with no wait for actions.
              step holds the GIL ~50 us, each sleep costs a system call); no
              collector built on Python threads can beat it.
 
+With --processes every environment runs in a child process on both sides:
+
+  lockstep   DynamicStepDriver over TFPyEnvironment(ParallelPyEnvironment(
+             N constructors)): tf-agents' own child processes, each batch
+             step waits for the slowest.
+  alf_async  --layouts env threads x envs over subprocess_env_constructor
+             (SubprocessEnv children): each env thread waits on its rows'
+             pipes at once and steps whichever rows are ready, with no worker
+             thread per row (subprocess_rows.py).
+  ceiling    no policy and no TF: one Python loop stepping N SubprocessEnvs
+             with a fixed action, whichever are ready (one epoll set).
+
 Same process, alternating rounds, the same DQN collect policy (QNetwork
 64x64); the driver's learner only dequeues. Prints steps/s, CPU us and
 context switches per env step (whole process), the ratio to lockstep and
@@ -27,22 +39,28 @@ process-wide, so --intra_op_threads/--inter_op_threads apply to both sides.
 
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
         [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8] [--rounds 3]
-        [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0]
+        [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0] [--processes]
 """
 
 import argparse
+import functools
 import queue
+import select
 import statistics
 import threading
 import time
 
 import gym
 import numpy as np
-from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
+from tf_agents.environments import (batched_py_environment, parallel_py_environment, suite_gym,
+                                    tf_py_environment)
+from tf_agents.system import system_multiprocessing
 
 import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver
+from alf_async.environments.subprocess_env import (close_subprocess_envs, create_subprocess_envs,
+                                                   subprocess_env_constructor)
 from alf_async.testing.policies import dqn_collect_policy
 from usage import Usage, measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
 
@@ -69,20 +87,29 @@ class RandomLatency(gym.Wrapper):
         return self.env.step(action)
 
 
+def slow_env(seed, mean_secs, dist):
+    """One suite_gym environment that sleeps before each step; declares blocking_step."""
+    env = suite_gym.wrap_env(RandomLatency(gym.make(ENV).env, mean_secs, dist, seed),
+                             max_episode_steps=200)
+    env.blocking_step = True
+    return env
+
+
 def slow_envs(seeds, mean_secs, dist):
-    """A TFPyEnvironment over suite_gym environments that sleep; declares blocking_step."""
-    envs = []
-    for seed in seeds:
-        env = suite_gym.wrap_env(RandomLatency(gym.make(ENV).env, mean_secs, dist, seed),
-                                 max_episode_steps=200)
-        env.blocking_step = True
-        envs.append(env)
+    """A TFPyEnvironment over slow_env environments, stepped by threads in lockstep."""
+    envs = [slow_env(seed, mean_secs, dist) for seed in seeds]
     return tf_py_environment.TFPyEnvironment(
         batched_py_environment.BatchedPyEnvironment(envs, multithreading=len(envs) > 1))
 
 
 def lockstep_round(policy, args, seconds):
-    env = slow_envs(range(args.num_envs), args.mean_ms / 1000, args.dist)
+    seeds = range(args.num_envs)
+    if args.processes:
+        env = tf_py_environment.TFPyEnvironment(parallel_py_environment.ParallelPyEnvironment(
+            [functools.partial(slow_env, s, args.mean_ms / 1000, args.dist) for s in seeds],
+            start_serially=False))
+    else:
+        env = slow_envs(seeds, args.mean_ms / 1000, args.dist)
     try:
         return measure_dynamic_step_driver(env, policy, args.num_envs * 10, seconds)
     finally:
@@ -91,16 +118,35 @@ def lockstep_round(policy, args, seconds):
 
 def async_round(policy, args, layout, seconds):
     threads, per_thread = layout
-    seeds = iter(range(10_000, 20_000))
+    if args.processes:
+        # Seeds by env index in the children: subprocess_env_constructor
+        # numbers them 10_000, 10_001, ...
+        env_constructor = subprocess_env_constructor(
+            functools.partial(seeded_slow_env, mean_secs=args.mean_ms / 1000, dist=args.dist),
+            num_envs=per_thread, first_env_index=10_000)
+    else:
+        seeds = iter(range(10_000, 20_000))
+
+        def env_constructor():
+            return slow_envs([next(seeds) for _ in range(per_thread)], args.mean_ms / 1000,
+                             args.dist)
     return measure_driver(AsyncOffPolicyDriver(
-        lambda: slow_envs([next(seeds) for _ in range(per_thread)], args.mean_ms / 1000,
-                          args.dist),
-        policy, num_envs=threads, num_actor_queues=1, actor_queue_cap=threads,
+        env_constructor, policy, num_envs=threads, num_actor_queues=1, actor_queue_cap=threads,
         learn_queue_cap=threads, unroll_length=8), seconds)
 
 
+def seeded_slow_env(mean_secs, dist):
+    """slow_env seeded with its child's env index (inside a SubprocessEnv child)."""
+    from alf_async.environments import current_env_index  # pylint: disable=import-outside-toplevel
+    return slow_env(current_env_index(), mean_secs, dist)
+
+
 def ceiling_round(args, seconds):
-    """Plain Python threads, one per environment, a fixed action, no TF."""
+    """No policy, no TF: the environments stepped with a fixed action, each
+    as soon as it is ready (a thread per environment; with --processes one
+    loop over the children's pipes)."""
+    if args.processes:
+        return process_ceiling_round(args, seconds)
     envs = slow_envs(range(20_000, 20_000 + args.num_envs), args.mean_ms / 1000,
                      args.dist).pyenv.envs
     ready, inboxes = queue.SimpleQueue(), [queue.SimpleQueue() for _ in envs]
@@ -132,6 +178,41 @@ def ceiling_round(args, seconds):
     return result
 
 
+def process_ceiling_round(args, seconds):
+    """One loop over N SubprocessEnvs: each is sent its next step as soon as
+    its reply is in (one epoll set over the pipes), a fixed action, no TF."""
+    envs = create_subprocess_envs([
+        functools.partial(slow_env, s, args.mean_ms / 1000, args.dist)
+        for s in range(20_000, 20_000 + args.num_envs)])
+    poll, receive, row_of = select.epoll(), {}, {}
+    action = np.zeros(envs[0].action_spec().shape, envs[0].action_spec().dtype)
+
+    def issue(row, request):
+        receive[row] = request()
+        conn, _ = envs[row].reply_waitable()
+        row_of[conn.fileno()] = row
+        poll.register(conn.fileno(), select.EPOLLIN)
+
+    try:
+        for row, env in enumerate(envs):
+            issue(row, env.reset_async)
+        steps, usage = 0, Usage()
+        while usage.elapsed() < seconds:
+            for fd, _ in poll.poll(1.0):
+                poll.unregister(fd)
+                row = row_of.pop(fd)
+                receive.pop(row)()
+                issue(row, functools.partial(envs[row].step_async, action))
+                steps += 1
+        result = usage.per_step(steps)
+        for row in list(receive):
+            receive.pop(row)()
+    finally:
+        poll.close()
+        close_subprocess_envs(envs)
+    return result
+
+
 def parse_layout(text):
     threads, per_thread = (int(x) for x in text.split("x"))
     return threads, per_thread
@@ -147,6 +228,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--intra_op_threads", type=int, default=0, help="0: TF's default")
     parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TF's default")
+    parser.add_argument("--processes", action="store_true",
+                        help="every environment in a child process, on both sides")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
@@ -166,7 +249,8 @@ def main():
         print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]['rate']:.0f}" for n, v in rows.items()),
               flush=True)
     ceiling = statistics.median(x["rate"] for x in rows["ceiling"])
-    print(f"\n{args.num_envs} envs, {args.dist} latency of mean {args.mean_ms} ms: "
+    print(f"\n{args.num_envs} envs{' in child processes' if args.processes else ''}, "
+          f"{args.dist} latency of mean {args.mean_ms} ms: "
           f"bound {bound:.0f} steps/s; TF threads intra {args.intra_op_threads or 'default'}, "
           f"inter {args.inter_op_threads or 'default'}")
     print(f"{'collector':22s} {'steps/s':>9s} {'vs lockstep':>11s} {'of bound':>9s} "
@@ -181,4 +265,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # ParallelPyEnvironment's children need tf-agents' multiprocessing set up
+    # (handle_main would parse our flags with absl).
+    system_multiprocessing.enable_interactive_mode()
     main()

@@ -1,17 +1,61 @@
-"""Wall time, CPU time and context switches of this whole process, per env step.
+"""Wall time, CPU time and context switches of this whole process and its
+child processes, per env step.
 
 `resource.getrusage(RUSAGE_SELF)` sums every thread of the process (Linux),
-so the figures include the env, actor, log and TF threads.
+so the figures include the env, actor, log and TF threads. Environments in
+child processes (SubprocessEnv, tf-agents' ParallelPyEnvironment) do their
+work there, so the live descendants' CPU and context switches are added
+(read from /proc at the start and the end; a child that starts or exits in
+between counts only from or until then).
 """
 
+import glob
+import os
 import resource
 import time
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid="self"):
+    """The pids of every live descendant of `pid` (Linux /proc)."""
+    found = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for child in children:
+            found.append(child)
+            found.extend(_descendants(child))
+    return found
+
+
+def _process_usage(pid):
+    """{pid: (CPU seconds, context switches)} of process `pid`; {} if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            cs = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    except OSError:
+        return {}
+    return {pid: ((int(fields[11]) + int(fields[12])) / _TICK, cs)}
+
+
+def _children_usage():
+    usage = {}
+    for pid in _descendants():
+        usage.update(_process_usage(pid))
+    return usage
 
 
 class Usage(object):
     """Starts counting on construction."""
 
     def __init__(self):
+        self._children = _children_usage()
         self._start = self._read()
 
     @staticmethod
@@ -23,10 +67,15 @@ class Usage(object):
         return time.perf_counter() - self._start[0]
 
     def per_step(self, steps):
-        """dict(rate=steps/s, cpu_us=CPU us per step, cs=context switches per step,
-        cpu_pct=CPU % of one core) since construction."""
+        """dict(rate=steps/s, cpu_us=CPU us per step, cs=context switches per step
+        (this process and its live descendants), cpu_pct=CPU % of one core)
+        since construction."""
         now = self._read()
         wall, cpu, cs = (b - a for a, b in zip(self._start, now))
+        for pid, (child_cpu, child_cs) in _children_usage().items():
+            before_cpu, before_cs = self._children.get(pid, (0.0, 0))
+            cpu += child_cpu - before_cpu
+            cs += child_cs - before_cs
         steps = max(steps, 1)
         return dict(rate=steps / wall, cpu_us=cpu / steps * 1e6, cs=cs / steps,
                     cpu_pct=100 * cpu / wall)
