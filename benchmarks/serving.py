@@ -16,8 +16,13 @@ per step one get_action carrying the previous step's reward (the combined
 request), then log_returns + end_episode. Latency is the get_action round
 trip as the client sees it.
 
+With --in_process the clients are threads of the server's own process that
+call the PolicyServerEnv's episode methods directly (no HTTP, no client
+process): the floor under the HTTP figures, i.e. what the driver's path
+from a client's get_action to the policy's answer costs by itself.
+
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16] [--slots N]
-                                 [--slots_per_env K]
+                                 [--slots_per_env K] [--in_process]
 
 Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
 requests/s (all commands), client threads that failed (should be 0).
@@ -98,6 +103,47 @@ def run_clients(address, num_clients, seconds, steps):
     return json.loads(out)
 
 
+def in_process_clients(server, num_clients, seconds, steps):
+    """client_worker's episodes from threads of this process, calling `server`'s
+    episode methods directly (no HTTP); returns the same measurements."""
+    latencies, requests, errors = [], [0], []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def play(k):
+        rng = np.random.default_rng(k)
+        mine, count = [], 0
+        try:
+            while time.monotonic() < deadline:
+                eid = server.start_episode()
+                count += 1
+                reward = None
+                for _ in range(steps):
+                    obs = rng.uniform(-0.05, 0.05, 4).astype(np.float32)
+                    start = time.perf_counter()
+                    server.get_action(eid, obs, reward=reward)
+                    mine.append(time.perf_counter() - start)
+                    reward = 1.0
+                    count += 1
+                server.log_returns(eid, reward)
+                server.end_episode(eid, obs)
+                count += 2
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(repr(e))
+        with lock:
+            latencies.extend(mine)
+            requests[0] += count
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=play, args=(k,)) for k in range(num_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"latencies": latencies, "requests": requests[0],
+            "elapsed": time.monotonic() - start, "errors": errors}
+
+
 # ----------------------------------------------------------------- server
 
 
@@ -108,7 +154,7 @@ def driver_layout(slots, slots_per_env):
     return num_envs, num_actor_queues, max(1, num_envs // num_actor_queues)
 
 
-def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env):
+def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_process=False):
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
@@ -142,11 +188,17 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env):
     rows = []
     try:
         # Warm-up: every slot serves a first episode before anything is measured.
-        warm = run_clients(server.address, slots, 3.0, steps)
+        if in_process:
+            def clients(n, secs):
+                return in_process_clients(server, n, secs, steps)
+        else:
+            def clients(n, secs):
+                return run_clients(server.address, n, secs, steps)
+        warm = clients(slots, 3.0)
         if warm["errors"]:
             print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
         for n in client_counts:
-            r = run_clients(server.address, n, seconds, steps)
+            r = clients(n, seconds)
             lat = np.asarray(r["latencies"]) * 1e3
             rows.append((n, np.percentile(lat, 50), np.percentile(lat, 99),
                          len(lat) / r["elapsed"], r["requests"] / r["elapsed"],
@@ -171,6 +223,9 @@ def main():
     parser.add_argument("--slots_per_env", type=int, default=0,
                         help="slots per env thread (a divisor of --slots); default: all of "
                              "them (one env thread); 1: one env thread per slot")
+    parser.add_argument("--in_process", action="store_true",
+                        help="clients are threads of this process calling the server "
+                             "directly: no HTTP (the floor under the HTTP figures)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -185,9 +240,12 @@ def main():
     if slots_per_env < 1 or slots % slots_per_env:
         parser.error(f"--slots_per_env must be a divisor of --slots ({slots}) >= 1, "
                      f"got {args.slots_per_env}")
-    rows = serve_and_measure(counts, args.seconds, args.steps, slots, slots_per_env)
+    rows = serve_and_measure(counts, args.seconds, args.steps, slots, slots_per_env,
+                             args.in_process)
     num_envs, num_actor_queues, actor_queue_cap = driver_layout(slots, slots_per_env)
-    print(f"\nget_action round trip on loopback ({slots} slots: {num_envs} env threads x "
+    where = ("in-process clients, no HTTP" if args.in_process else
+             "on loopback, clients in another process")
+    print(f"\nget_action round trip, {where} ({slots} slots: {num_envs} env threads x "
           f"{slots_per_env} slots, {num_actor_queues} actor queues of cap {actor_queue_cap}; "
           f"remote inference, "
           f"{args.seconds:g} s per row, episodes of {args.steps} steps):\n")
