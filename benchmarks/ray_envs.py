@@ -4,7 +4,7 @@ The driver (4 env threads, each a TFEnvironment of 4 environments, one actor
 queue of capacity 2, unroll 16, DQN collect policy) collects from:
 
   in-process      BatchedGymEnv of 4 gym envs in the env thread
-  subprocess      4 SubprocessEnvs, stepped concurrently (send all, then receive all)
+  subprocess      4 SubprocessEnvs, each row stepped as soon as its child answers
   ray 4 actors    4 Ray actors of 1 env each, called concurrently
   ray 1 actor     1 Ray actor of 4 envs, one remote call per batch step
 
