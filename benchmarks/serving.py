@@ -29,6 +29,7 @@ requests/s (all commands), client threads that failed (should be 0).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -43,10 +44,20 @@ import numpy as np
 # ---------------------------------------------------------------- clients
 
 
-def client_worker(address, num_clients, seconds, steps):
-    """Runs in the client process: plays episodes from `num_clients` threads."""
-    from alf_async.serving.client import PolicyClient  # pylint: disable=import-outside-toplevel
-    assert "tensorflow" not in sys.modules
+def play_clients(num_clients, seconds, steps, open_api, to_obs):
+    """Plays episodes from `num_clients` threads for `seconds`: start_episode,
+    then per step one get_action carrying the previous step's reward (the
+    combined request), then log_returns + end_episode.
+
+    Args:
+        open_api: zero-arg callable returning a context manager that gives
+            the episode API (a PolicyClient, or the PolicyServerEnv itself).
+        to_obs: makes the API's observation from a float64 numpy array.
+
+    Returns:
+        dict(latencies=get_action round trips in seconds, requests=every
+        command, elapsed=seconds, errors=repr of each thread's error).
+    """
     latencies, requests, errors = [], [0], []
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
@@ -55,20 +66,20 @@ def client_worker(address, num_clients, seconds, steps):
         rng = np.random.default_rng(k)
         mine, count = [], 0
         try:
-            with PolicyClient(address) as client:
+            with open_api() as api:
                 while time.monotonic() < deadline:
-                    eid = client.start_episode()
+                    eid = api.start_episode()
                     count += 1
                     reward = None
                     for _ in range(steps):
-                        obs = rng.uniform(-0.05, 0.05, 4).tolist()
+                        obs = to_obs(rng.uniform(-0.05, 0.05, 4))
                         start = time.perf_counter()
-                        client.get_action(eid, obs, reward=reward)
+                        api.get_action(eid, obs, reward=reward)
                         mine.append(time.perf_counter() - start)
                         reward = 1.0   # the step's reward rides on the next get_action
                         count += 1
-                    client.log_returns(eid, reward)
-                    client.end_episode(eid, obs)
+                    api.log_returns(eid, reward)
+                    api.end_episode(eid, obs)
                     count += 2
         except Exception as e:  # pylint: disable=broad-except
             errors.append(repr(e))
@@ -82,9 +93,16 @@ def client_worker(address, num_clients, seconds, steps):
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - start
-    json.dump({"latencies": latencies, "requests": requests[0], "elapsed": elapsed,
-               "errors": errors}, sys.stdout)
+    return {"latencies": latencies, "requests": requests[0],
+            "elapsed": time.monotonic() - start, "errors": errors}
+
+
+def client_worker(address, num_clients, seconds, steps):
+    """Runs in the client process: plays episodes from `num_clients` threads."""
+    from alf_async.serving.client import PolicyClient  # pylint: disable=import-outside-toplevel
+    assert "tensorflow" not in sys.modules
+    json.dump(play_clients(num_clients, seconds, steps, lambda: PolicyClient(address),
+                           lambda x: x.tolist()), sys.stdout)
 
 
 def run_clients(address, num_clients, seconds, steps):
@@ -106,42 +124,8 @@ def run_clients(address, num_clients, seconds, steps):
 def in_process_clients(server, num_clients, seconds, steps):
     """client_worker's episodes from threads of this process, calling `server`'s
     episode methods directly (no HTTP); returns the same measurements."""
-    latencies, requests, errors = [], [0], []
-    lock = threading.Lock()
-    deadline = time.monotonic() + seconds
-
-    def play(k):
-        rng = np.random.default_rng(k)
-        mine, count = [], 0
-        try:
-            while time.monotonic() < deadline:
-                eid = server.start_episode()
-                count += 1
-                reward = None
-                for _ in range(steps):
-                    obs = rng.uniform(-0.05, 0.05, 4).astype(np.float32)
-                    start = time.perf_counter()
-                    server.get_action(eid, obs, reward=reward)
-                    mine.append(time.perf_counter() - start)
-                    reward = 1.0
-                    count += 1
-                server.log_returns(eid, reward)
-                server.end_episode(eid, obs)
-                count += 2
-        except Exception as e:  # pylint: disable=broad-except
-            errors.append(repr(e))
-        with lock:
-            latencies.extend(mine)
-            requests[0] += count
-
-    start = time.monotonic()
-    threads = [threading.Thread(target=play, args=(k,)) for k in range(num_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"latencies": latencies, "requests": requests[0],
-            "elapsed": time.monotonic() - start, "errors": errors}
+    return play_clients(num_clients, seconds, steps, lambda: contextlib.nullcontext(server),
+                        lambda x: x.astype(np.float32))
 
 
 # ----------------------------------------------------------------- server

@@ -153,7 +153,13 @@ def straggler_latency(env_index, rng):
 
 def test_a_straggler_row_never_holds_up_the_others():
     B, T = 4, 2
-    driver = one_thread_of_blocking_rows(B, T, straggler_latency)
+    assert_straggler_never_holds_up_the_others(
+        one_thread_of_blocking_rows(B, T, straggler_latency), B, T)
+
+
+def assert_straggler_never_holds_up_the_others(driver, B, T):
+    """`driver`: one env thread of B rows stepped one by one, row 0 taking
+    0.25 s a step, the others none."""
     driver.start()
     try:
         batches = collect_until(driver, lambda b: False, 60)  # 60 * B * T = 480 steps

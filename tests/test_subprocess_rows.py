@@ -17,7 +17,7 @@ from alf_async.environments.subprocess_env import subprocess_env_constructor
 from alf_async.testing import envs
 from alf_async.testing.envs import OBS_STEP, BlockingCountingEnv, CountingEnv
 from test_dynamic_batching import (BatchSizePolicy, assert_continuous_and_routed,
-                                   assert_row_continuous_and_routed, batch_sizes,
+                                   assert_straggler_never_holds_up_the_others, batch_sizes,
                                    collect_until, make, rows_by_env)
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,11 +48,17 @@ def test_subprocess_rows_are_stepped_without_worker_threads():
         tf_env.close()
 
 
+def one_thread_of_child_rows(env_constructor, B, T, **kwargs):
+    """A driver of one env thread over B SubprocessEnv rows of `env_constructor`
+    (SubprocessEnv options in kwargs) whose policy records its batch size."""
+    return make(subprocess_env_constructor(env_constructor, num_envs=B, **kwargs),
+                BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+
+
 def test_rows_in_child_processes_get_their_own_actions_in_every_batch_size():
     B, T = 4, 3
-    driver = make(subprocess_env_constructor(
-        functools.partial(BlockingCountingEnv, latency=envs.uniform_latency), num_envs=B),
-        BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+    driver = one_thread_of_child_rows(
+        functools.partial(BlockingCountingEnv, latency=envs.uniform_latency), B, T)
     driver.start()
     try:
         batches = collect_until(driver, lambda b: batch_sizes(b) == [1, 2, 3, 4], 400)
@@ -65,28 +71,14 @@ def test_rows_in_child_processes_get_their_own_actions_in_every_batch_size():
 
 def test_a_straggler_child_never_holds_up_the_other_rows():
     B, T = 4, 2
-    driver = make(subprocess_env_constructor(
-        functools.partial(BlockingCountingEnv, latency=envs.straggler_latency), num_envs=B),
-        BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
-    driver.start()
-    try:
-        batches = collect_until(driver, lambda b: False, 60)  # 60 * B * T = 480 steps
-    finally:
-        driver.stop()
-    rows = rows_by_env(batches)
-    steps = {env_id: len(unrolls) * T for env_id, unrolls in rows.items()}
-    # Lockstep, every row would have as many steps as row 0 (one per 0.25 s).
-    assert sum(steps.values()) == 60 * B * T
-    assert all(steps[r] >= 10 * max(steps.get(0, 0), T) for r in (1, 2, 3)), steps
-    for r in (1, 2, 3):
-        assert_row_continuous_and_routed(r, rows[r])
+    assert_straggler_never_holds_up_the_others(one_thread_of_child_rows(
+        functools.partial(BlockingCountingEnv, latency=envs.straggler_latency), B, T), B, T)
 
 
 def test_a_hung_child_is_restarted_as_a_truncation_while_the_other_rows_go_on():
     B, T = 3, 2
-    driver = make(subprocess_env_constructor(
-        functools.partial(envs.first_env_hangs, hang_on_step=3), num_envs=B, step_timeout=1.0),
-        BatchSizePolicy, num_envs=1, unroll_length=T, learn_queue_cap=1)
+    driver = one_thread_of_child_rows(functools.partial(envs.first_env_hangs, hang_on_step=3),
+                                      B, T, step_timeout=1.0)
     driver.start()
     try:
         # Row 0's third step hangs for step_timeout (1 s); rows 1 and 2 keep
@@ -116,9 +108,8 @@ def test_a_hung_child_is_restarted_as_a_truncation_while_the_other_rows_go_on():
 
 
 def test_stop_ends_rows_blocked_in_their_children_and_leaves_no_child():
-    driver = make(subprocess_env_constructor(
-        functools.partial(envs.first_env_hangs, hang_on_step=1), num_envs=2, step_timeout=60.0),
-        BatchSizePolicy, num_envs=1, unroll_length=2, learn_queue_cap=1)
+    driver = one_thread_of_child_rows(functools.partial(envs.first_env_hangs, hang_on_step=1),
+                                      2, 2, step_timeout=60.0)
     driver.start()
     collect_until(driver, lambda b: False, 3)   # row 1 steps; row 0 hangs in its first step
     pids = list(driver.environments[0].pyenv.pids)
