@@ -15,8 +15,8 @@ BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched
 slots), every one of them unbatched and whose step blocks
 (`capabilities.steps_block`). Rows whose environments offer a stepper of
 their own get it instead of worker threads (`row_stepper`: ExternalEnv's
-slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py). Rows may be `AppliedStep`s (ExternalEnv's slots
-are): a row's worker reads `applied_step()` right after the row's step,
+slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py). Rows may be
+`AppliedStep`s (ExternalEnv's slots are): a row's worker reads `applied_step()` right after the row's step,
 and `RowRecorder` records the applied action in that row's transition
 and keeps its `trainable` flag with the row's unroll (the env thread makes
 the learner's copy inert where needed, applied_steps.py).

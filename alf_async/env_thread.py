@@ -224,8 +224,9 @@ class EnvThread(threading.Thread):
 
         A row's transition is recorded right after its step (by its worker,
         or in the stepper's `recv`) in per-row unroll buffers; a row with T
-        transitions is copied out whole. Each iteration of this thread then takes the rows that are
-        ready, sends one request of them to the actor, waits for their
+        transitions is copied out whole. Each iteration of this thread then
+        takes the rows that are ready, sends one request of them to the
+        actor, waits for their
         policy steps and hands each row its action; once B rows' unrolls are
         complete it ships them (one enqueue to the log queue, then one to the
         learn queue). A row waits only for its own step and one forward pass,

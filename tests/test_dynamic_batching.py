@@ -13,7 +13,7 @@ from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.testing.envs import (OBS_COUNTER, OBS_ENV, OBS_STEP, BlockingCountingEnv,
-                                    CountingEnvConstructor)
+                                    CountingEnvConstructor, straggler_latency, uniform_latency)
 from alf_async.testing.policies import StatefulCountingPolicy, expected_counting_action
 from conftest import driver_threads
 
@@ -77,10 +77,6 @@ def assert_continuous_and_routed(batches, num_rows):
         assert_row_continuous_and_routed(env_id, unrolls)
 
 
-def random_latency(env_index, rng):
-    return rng.uniform(0.0, 0.003)
-
-
 def one_thread_of_blocking_rows(B, T, latency):
     """A driver of one env thread over B BlockingCountingEnv rows (stepped one
     by one) whose policy writes its batch size into policy_info."""
@@ -95,7 +91,7 @@ def batch_sizes(batches):
 
 def test_rows_with_random_latencies_each_get_their_own_actions_in_every_batch_size():
     B, T = 4, 3
-    driver = one_thread_of_blocking_rows(B, T, random_latency)
+    driver = one_thread_of_blocking_rows(B, T, uniform_latency)
     driver.start()
     try:
         # Every batch size 1..B should occur with random latencies; collect
@@ -130,7 +126,7 @@ def test_graph_env_threads_are_batched_from_one_thread_to_the_cap():
 def test_rnn_state_stays_with_its_row_under_random_latencies():
     B = 4
     driver = make(CountingEnvConstructor(batch_size=B, episode_length=lambda i: 3 + i,
-                                         env_cls=BlockingCountingEnv, latency=random_latency),
+                                         env_cls=BlockingCountingEnv, latency=uniform_latency),
                   StatefulCountingPolicy, num_envs=2, unroll_length=5, learn_queue_cap=2,
                   actor_queue_cap=2)
     driver.start()
@@ -145,10 +141,6 @@ def test_rnn_state_stays_with_its_row_under_random_latencies():
         # (another episode length, another phase) would break the equality.
         np.testing.assert_array_equal(exp.action, exp.observation[..., OBS_STEP])
     assert max(int(e.observation[..., OBS_STEP].max()) for e, _ in batches) >= 9
-
-
-def straggler_latency(env_index, rng):
-    return 0.25 if env_index == 0 else 0.0
 
 
 def test_a_straggler_row_never_holds_up_the_others():
