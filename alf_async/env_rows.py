@@ -16,10 +16,11 @@ slots), every one of them unbatched and whose step blocks
 (`capabilities.steps_block`). Rows whose environments offer a stepper of
 their own get it instead of worker threads (`row_stepper`: ExternalEnv's
 slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py). Rows may be
-`AppliedStep`s (ExternalEnv's slots are): a row's worker reads `applied_step()` right after the row's step,
-and `RowRecorder` records the applied action in that row's transition
-and keeps its `trainable` flag with the row's unroll (the env thread makes
-the learner's copy inert where needed, applied_steps.py).
+`AppliedStep`s (ExternalEnv's slots are): whatever steps a row reads
+`applied_step()` right after the row's step, and `RowRecorder` records the
+applied action in that row's transition and keeps its `trainable` flag
+with the row's unroll (the env thread makes the learner's copy inert where
+needed, applied_steps.py).
 
 `RowRecorder` keeps each row's unroll as it grows; complete ones wait in
 `complete` until the env thread ships them.

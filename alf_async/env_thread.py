@@ -18,13 +18,13 @@ Environments whose step blocks on something outside the process (a child
 process, a Ray actor, a client of an ExternalEnv) declare it with
 `blocking_step = True` on their Python environment. When the rows of such a
 batch are separate environments (tf-agents' BatchedPyEnvironment, our
-BatchedSubprocessEnv), each row is stepped on its own worker thread and
-asks for its action as soon as it is ready (`_rows_loop`, env_rows.py): no
-row waits for a slower one. (ExternalEnv's batched slots are rows too, but
-step without worker threads: slot_stepper.py.) Other blocking environments
-are stepped as one batch from a Python loop with eager queue ops
-(`_python_loop`). Both stay off
-the graph, and both record what an `AppliedStep` environment (or row)
+BatchedSubprocessEnv, ExternalEnv's batched slots), each row is stepped on
+its own and asks for its action as soon as it is ready (`_rows_loop`,
+env_rows.py): no row waits for a slower one. In-process rows step on a
+worker thread each; SubprocessEnv children and ExternalEnv slots need none
+(subprocess_rows.py, slot_stepper.py). Other blocking environments are
+stepped as one batch from a Python loop with eager queue ops
+(`_python_loop`). Both stay off the graph, and both record what an `AppliedStep` environment (or row)
 applied (applied_steps.py): its action in the trajectory, and its
 untrainable transitions as inert boundaries in the learn queue's copy of
 the unrolls (the log queue's copy is as it happened); AppliedStep
@@ -139,6 +139,7 @@ class EnvThread(threading.Thread):
         # Counters of the Python loops (the graph loop uses the variables).
         self._py_steps = 0
         self._py_wait = 0.0
+        self._row_workers = None   # _rows_loop's stepper, for join_row_workers
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
         self._wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                  name=name + "_action_wait_secs")
@@ -170,9 +171,8 @@ class EnvThread(threading.Thread):
         (the driver's stop, after closing the environments): a loop that left
         with an error did not wait for rows blocked in a step, which end once
         their environment is closed."""
-        workers = getattr(self, "_row_workers", None)
-        if workers is not None:
-            workers.join(timeout)
+        if self._row_workers is not None:
+            self._row_workers.join(timeout)
 
     def drop_graph_loop(self):
         """Drops the traced graph loop of a thread that never ran (the driver's
@@ -226,10 +226,9 @@ class EnvThread(threading.Thread):
         or in the stepper's `recv`) in per-row unroll buffers; a row with T
         transitions is copied out whole. Each iteration of this thread then
         takes the rows that are ready, sends one request of them to the
-        actor, waits for their
-        policy steps and hands each row its action; once B rows' unrolls are
-        complete it ships them (one enqueue to the log queue, then one to the
-        learn queue). A row waits only for its own step and one forward pass,
+        actor, waits for their policy steps and hands each row its action;
+        once B rows' unrolls are complete it ships them (one enqueue to the
+        log queue, then one to the learn queue). A row waits only for its own step and one forward pass,
         never for the other rows of its batch.
 
         AppliedStep rows: each worker reads its row's `applied_step()` right
@@ -273,7 +272,7 @@ class EnvThread(threading.Thread):
 
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
         workers = row_stepper(self.name, envs, recorder.record)
-        self._row_workers = workers   # for join_row_workers after the driver's stop
+        self._row_workers = workers
         workers.start()
         failed = True
         try:
