@@ -50,6 +50,11 @@ reached, train steps/s, raw rate, duty cycle, evaluation seconds; per seed
 the time alf_async took to reach the tf-agents run's final return) and writes
 wall_clock_<task>.png (eval return against wall-clock minutes, both sides,
 every seed) and wall_clock_<task>.json to --out_dir.
+
+`--gin_bindings 'SacAgent.reward_scale_factor = 0.1' ...` adds bindings after
+the task's gin file, on both sides. `--from_json A.json B.json` runs nothing:
+it merges the runs of earlier invocations (e.g. one seed each) into one table
+and picture, refusing runs whose parsed gin configs differ.
 """
 
 import argparse
@@ -265,12 +270,15 @@ def one_run(args):
     bindings = [f"train.eval_interval = {args.eval_every_steps}",
                 "train.checkpoint_interval = 1000000000",  # only at exit, after the clock
                 "train.num_env_steps = 1000000000"]        # the clock stops the run
-    _parse_gin(args.task, bindings)
+    _parse_gin(args.task, bindings + list(args.gin_bindings))
     seconds = args.minutes * 60.0
+    import gin
+    config = gin.config_str()  # the parsed bindings, before the run adds its own
     if args.one == "alf_async":
         record = run_alf_async(args.seed, seconds, args.root_dir, args.raw_secs)
     else:
         record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
+    record["gin_config"] = config
     print(json.dumps(record), flush=True)
 
 
@@ -280,7 +288,8 @@ def spawn(side, seed, args, root_dir, log_path):
     cmd = [sys.executable, os.path.abspath(__file__), "--one", side, "--seed", str(seed),
            "--task", args.task, "--minutes", str(args.minutes),
            "--eval_every_steps", str(args.eval_every_steps), "--sync_env", args.sync_env,
-           "--raw_secs", str(args.raw_secs), "--root_dir", root_dir]
+           "--raw_secs", str(args.raw_secs), "--root_dir", root_dir,
+           "--gin_bindings", *args.gin_bindings]
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                               timeout=args.minutes * 60 + args.raw_secs + 600)
@@ -382,6 +391,13 @@ def main():
     parser.add_argument("--sync_env", choices=["gymnasium", "gym_batch"], default="gymnasium")
     parser.add_argument("--raw_secs", type=float, default=20.0,
                         help="seconds of the raw train-step rate measurement per run")
+    parser.add_argument("--gin_bindings", nargs="*", default=[],
+                        help="more gin bindings for both sides, after the task's gin file "
+                             "(e.g. 'SacAgent.reward_scale_factor = 0.1')")
+    parser.add_argument("--from_json", nargs="+", metavar="JSON",
+                        help="run nothing: print the table and draw the picture of the "
+                             "runs in these wall_clock_<task>.json files (earlier "
+                             "invocations, e.g. one per seed), merged")
     parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
@@ -390,10 +406,12 @@ def main():
         return one_run(args)
 
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.from_json:
+        return report(args, load_records(args.from_json), args.minutes * 60.0)
     records = {}
     print(f"SAC {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
-          f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}",
-          flush=True)
+          f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}"
+          + "".join(f"; {b}" for b in args.gin_bindings), flush=True)
     for seed in args.seeds:
         for side in SIDES:
             root_dir = os.path.join(args.out_dir, f"{args.task}_{side}_{seed}")
@@ -407,13 +425,38 @@ def main():
             print(f"  seed {seed} {side:9s}: {record['env_steps']} env steps, "
                   f"{record['train_steps']} train steps, last eval return {last:.1f} "
                   f"({time.monotonic() - started:.0f} s with start-up and raw rate)", flush=True)
-    budget = args.minutes * 60.0
+    report(args, records, args.minutes * 60.0)
+
+
+def report(args, records, budget):
+    """Prints the table, draws the picture and writes the JSON of `records`."""
     print_table(args.task, records, args.report_minutes, budget)
     png = os.path.join(args.out_dir, f"wall_clock_{args.task}.png")
     plot(args.task, records, png)
     with open(os.path.join(args.out_dir, f"wall_clock_{args.task}.json"), "w") as f:
         json.dump({f"{side}_{seed}": r for (side, seed), r in records.items()}, f, indent=1)
     print(f"\nwrote {png}")
+
+
+def load_records(paths):
+    """{(side, seed): record} from wall_clock_<task>.json files.
+
+    Raises SystemExit (one line) if a run appears twice or two runs were
+    configured differently (their parsed gin bindings differ).
+    """
+    records, configs = {}, {}
+    for path in paths:
+        with open(path) as f:
+            for key, record in json.load(f).items():
+                side, seed = key.rsplit("_", 1)
+                if (side, int(seed)) in records:
+                    raise SystemExit(f"--from_json: run {key} appears twice ({path})")
+                records[(side, int(seed))] = record
+                configs.setdefault(record.get("gin_config"), path)
+    if len(configs) > 1:
+        raise SystemExit(f"--from_json: {' and '.join(configs.values())} hold runs with "
+                         f"different gin configs; merge only runs of one config")
+    return records
 
 
 if __name__ == "__main__":
