@@ -407,7 +407,12 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     if args.from_json:
-        return report(args, load_records(args.from_json), args.minutes * 60.0)
+        try:
+            records = load_records(args.from_json)
+        except ValueError as e:
+            print(f"wall_clock_learning.py: {e}", file=sys.stderr)
+            return 2
+        return report(args, records, args.minutes * 60.0)
     records = {}
     print(f"SAC {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
           f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}"
@@ -441,8 +446,9 @@ def report(args, records, budget):
 def load_records(paths):
     """{(side, seed): record} from wall_clock_<task>.json files.
 
-    Raises SystemExit (one line) if a run appears twice or two runs were
-    configured differently (their parsed gin bindings differ).
+    Raises:
+        ValueError: a run appears twice, or two runs were configured
+            differently (their parsed gin bindings differ).
     """
     records, configs = {}, {}
     for path in paths:
@@ -450,14 +456,14 @@ def load_records(paths):
             for key, record in json.load(f).items():
                 side, seed = key.rsplit("_", 1)
                 if (side, int(seed)) in records:
-                    raise SystemExit(f"--from_json: run {key} appears twice ({path})")
+                    raise ValueError(f"--from_json: run {key} appears twice ({path})")
                 records[(side, int(seed))] = record
                 configs.setdefault(record.get("gin_config"), path)
     if len(configs) > 1:
-        raise SystemExit(f"--from_json: {' and '.join(configs.values())} hold runs with "
+        raise ValueError(f"--from_json: {' and '.join(configs.values())} hold runs with "
                          f"different gin configs; merge only runs of one config")
     return records
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
