@@ -89,6 +89,14 @@ def batch_sizes(batches):
     return sorted({int(s) for exp, _ in batches for s in exp.policy_info.ravel()})
 
 
+def every_batch_size_and_row(num_rows):
+    """A collect_until condition: every actor batch size 1..num_rows has
+    occurred and every row has delivered an unroll (a learner batch can hold
+    two unrolls of one row and none of another)."""
+    return lambda batches: (batch_sizes(batches) == list(range(1, num_rows + 1)) and
+                            len(rows_by_env(batches)) == num_rows)
+
+
 def test_rows_with_random_latencies_each_get_their_own_actions_in_every_batch_size():
     B, T = 4, 3
     driver = one_thread_of_blocking_rows(B, T, uniform_latency)
@@ -96,7 +104,7 @@ def test_rows_with_random_latencies_each_get_their_own_actions_in_every_batch_si
     try:
         # Every batch size 1..B should occur with random latencies; collect
         # until it has (a bounded number of batches, so a bug fails, not hangs).
-        batches = collect_until(driver, lambda b: batch_sizes(b) == [1, 2, 3, 4], 400)
+        batches = collect_until(driver, every_batch_size_and_row(B), 400)
     finally:
         driver.stop()
     assert batch_sizes(batches) == [1, 2, 3, 4]

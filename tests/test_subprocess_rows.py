@@ -18,7 +18,7 @@ from alf_async.testing import envs
 from alf_async.testing.envs import OBS_STEP, BlockingCountingEnv, CountingEnv
 from test_dynamic_batching import (BatchSizePolicy, assert_continuous_and_routed,
                                    assert_straggler_never_holds_up_the_others, batch_sizes,
-                                   collect_until, make, rows_by_env)
+                                   collect_until, every_batch_size_and_row, make, rows_by_env)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +61,7 @@ def test_rows_in_child_processes_get_their_own_actions_in_every_batch_size():
         functools.partial(BlockingCountingEnv, latency=envs.uniform_latency), B, T)
     driver.start()
     try:
-        batches = collect_until(driver, lambda b: batch_sizes(b) == [1, 2, 3, 4], 400)
+        batches = collect_until(driver, every_batch_size_and_row(B), 400)
         assert row_threads() == []   # the env thread waits on the pipes itself
     finally:
         driver.stop()
