@@ -18,23 +18,21 @@ Environments whose step blocks on something outside the process (a child
 process, a Ray actor, a client of an ExternalEnv) declare it with
 `blocking_step = True` on their Python environment. When the rows of such a
 batch are separate environments (tf-agents' BatchedPyEnvironment, our
-BatchedSubprocessEnv, ExternalEnv's batched slots), each row is stepped on
-its own and asks for its action as soon as it is ready (`_rows_loop`,
-env_rows.py): no row waits for a slower one. In-process rows step on a
-worker thread each; SubprocessEnv children and ExternalEnv slots need none
-(subprocess_rows.py, slot_stepper.py). Other blocking environments are
-stepped as one batch from a Python loop with eager queue ops
-(`_python_loop`). Both stay off the graph, and both record what an `AppliedStep` environment (or row)
-applied (applied_steps.py): its action in the trajectory, and its
-untrainable transitions as inert boundaries in the learn queue's copy of
-the unrolls (the log queue's copy is as it happened); AppliedStep
-environments that do not block are stepped by `_python_loop` too. Inside
-the graph, a blocked
-`numpy_function` holds one of TF's inter-op threads (as many as cores by
-default), so a few blocked steps starved the actors and deadlocked the
-driver (measured: 3 ExternalEnv slots and one client on 2 cores), and at
-most two child processes stepped at once. Their per-step overhead does not
-matter next to the wait.
+BatchedSubprocessEnv, ExternalEnv's batched slots), each row is stepped on its
+own and asks for its action as soon as it is ready (`_rows_loop`, env_rows.py):
+no row waits for a slower one. In-process rows step on a worker thread each;
+SubprocessEnv children and ExternalEnv slots need none (subprocess_rows.py,
+slot_stepper.py). Other blocking environments are stepped as one batch from a
+Python loop with eager queue ops (`_python_loop`). Both stay off the graph, and
+both record what an `AppliedStep` environment (or row) applied
+(applied_steps.py): its action in the trajectory, and its untrainable
+transitions as inert boundaries in the learn queue's copy of the unrolls (the
+log queue's copy is as it happened); AppliedStep environments that do not block
+are stepped by `_python_loop` too. Inside the graph, a blocked `numpy_function`
+holds one of TF's inter-op threads (as many as cores by default), so a few
+blocked steps starved the actors and deadlocked the driver (measured: 3
+ExternalEnv slots and one client on 2 cores), and at most two child processes
+stepped at once. Their per-step overhead does not matter next to the wait.
 
 A Python environment behind a TFPyEnvironment is stepped through our own
 `tf.numpy_function`, which records the environment's exception before TF
@@ -222,14 +220,14 @@ class EnvThread(threading.Thread):
         asks for actions for whichever rows are ready (EnvPool's
         asynchronous mode, see env_rows.py).
 
-        A row's transition is recorded right after its step (by its worker,
-        or in the stepper's `recv`) in per-row unroll buffers; a row with T
+        A row's transition is recorded right after its step (by its worker, or
+        in the stepper's `recv`) in per-row unroll buffers; a row with T
         transitions is copied out whole. Each iteration of this thread then
-        takes the rows that are ready, sends one request of them to the
-        actor, waits for their policy steps and hands each row its action;
-        once B rows' unrolls are complete it ships them (one enqueue to the
-        log queue, then one to the learn queue). A row waits only for its own step and one forward pass,
-        never for the other rows of its batch.
+        takes the rows that are ready, sends one request of them to the actor,
+        waits for their policy steps and hands each row its action; once B
+        rows' unrolls are complete it ships them (one enqueue to the log queue,
+        then one to the learn queue). A row waits only for its own step and one
+        forward pass, never for the other rows of its batch.
 
         AppliedStep rows: each worker reads its row's `applied_step()` right
         after the step, and the recorder puts the applied action into the
