@@ -62,6 +62,14 @@ MUJOCO = [GYMNASIUM, "mujoco==3.17.0", "imageio==2.38.1"]
 # the release built against TF 2.15; it adds only portpicker and psutil, and
 # `pip check` stays clean beside the pinned stack. Linux only.
 REVERB = "dm-reverb==0.14.0"
+# Atari (suite_atari): ale-py ships the ROMs in its wheel. opencv resizes the
+# frames in gymnasium's AtariPreprocessing; its 4.11+ and 5.x wheels require
+# numpy 2, which TF 2.15 cannot import, so it stays below 4.11.
+ATARI = [GYMNASIUM, "ale-py==0.12.1", "opencv-python-headless<4.11"]
+# EnvPool (suite_envpool): C++ threads step Atari and MuJoCo games without the
+# GIL. 1.2.5 installs beside the pinned stack with `pip check` clean (~700 MB
+# with its game assets).
+ENVPOOL = [GYMNASIUM, "envpool==1.2.5"]
 # The benchmarks' plots (benchmarks/wall_clock_learning.py).
 BENCH = ["matplotlib==3.11.2"]
 
@@ -81,8 +89,10 @@ setup(
         "ray": [RAY],
         "reverb": [REVERB],
         "mujoco": MUJOCO,
+        "atari": ATARI,
+        "envpool": ENVPOOL,
         "bench": MUJOCO + BENCH,
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO,
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO + ATARI + ENVPOOL,
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main",

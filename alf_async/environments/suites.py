@@ -77,6 +77,24 @@ def _load_gymnasium(env_name, batch_size, seed, max_episode_steps=None):
 register_suite("suite_gymnasium", _load_gymnasium)
 
 
+def _load_atari(env_name, batch_size, seed, **kwargs):
+    # ale-py and gymnasium are the 'atari' extra: imported on use.
+    from alf_async.environments import suite_atari
+    return suite_atari.load(env_name, batch_size, seed, **kwargs)
+
+
+register_suite("suite_atari", _load_atari)
+
+
+def _load_envpool(env_name, batch_size, seed, **kwargs):
+    # envpool is the 'envpool' extra: imported on use.
+    from alf_async.environments import suite_envpool
+    return suite_envpool.load(env_name, batch_size, seed, **kwargs)
+
+
+register_suite("suite_envpool", _load_envpool)
+
+
 def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
     """One unbatched PyEnvironment of `suite` (suite_gym or suite_gymnasium).
 
