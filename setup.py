@@ -8,10 +8,10 @@ from setuptools.command.build_ext import build_ext
 
 
 class OptionalBuildExt(build_ext):
-    """Builds alf_async._eager_tensor_fix where it can; never fails the install.
+    """Builds alf_async.tf215_py311_fixes._eager_tensor_fix where it can; never fails the install.
 
     The extension frees what TF 2.15's EagerTensor leaks on CPython 3.11 (see
-    alf_async/eager_tensor_fix.py). Without a compiler it is skipped and
+    alf_async/tf215_py311_fixes/eager_tensor_fix.py). Without a compiler it is skipped and
     alf_async warns at run time that the leak is still there.
     """
 
@@ -30,7 +30,7 @@ class OptionalBuildExt(build_ext):
 
 # Only CPython 3.11 has the leak (and the internal header the fix reads).
 EXTENSIONS = [
-    Extension("alf_async._eager_tensor_fix", ["alf_async/_eager_tensor_fix.c"],
+    Extension("alf_async.tf215_py311_fixes._eager_tensor_fix", ["alf_async/tf215_py311_fixes/_eager_tensor_fix.c"],
               include_dirs=[sysconfig.get_paths()["include"] + "/internal"],
               define_macros=[("Py_BUILD_CORE_MODULE", "1")]),
 ] if sys.version_info[:2] == (3, 11) and sys.implementation.name == "cpython" else []
@@ -58,7 +58,7 @@ RAY = "ray==2.60.0"
 # (4.0.0 is a new major gymnasium 1.3.0 was not released against); both were
 # installed on Python 3.11 beside the pinned stack with `pip check` clean.
 MUJOCO = [GYMNASIUM, "mujoco==3.17.0", "imageio==2.38.1"]
-# Reverb replay and collector processes (alf_async.reverb_replayer): 0.14.0 is
+# Reverb replay and collector processes (alf_async.distributed.reverb_replayer): 0.14.0 is
 # the release built against TF 2.15; it adds only portpicker and psutil, and
 # `pip check` stays clean beside the pinned stack. Linux only.
 REVERB = "dm-reverb==0.14.0"

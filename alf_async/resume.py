@@ -31,7 +31,7 @@ import re
 
 import tensorflow as tf
 
-from alf_async import agents
+from alf_async.learning import agents
 
 # Bindings whose values shape the checkpoint's variables.
 LAYOUT_BINDINGS = (

@@ -18,9 +18,9 @@ until `num_iterations`, `num_env_steps`, `stop_at_eval_return` or
     root_dir/operative_config-<global step>.gin
 
 With `num_collectors > 0` the run is a learner fed by that many collector
-processes (or Ray actors, `collector_launcher`) through a Reverb server in
+processes (or Ray actors; `train.collector_launcher`) through a Reverb server in
 this process, and steps no environment itself but the evaluation's (see
-alf_async.distributed_learner); it also writes root_dir/replay_address,
+alf_async.distributed.learner_role); it also writes root_dir/replay_address,
 root_dir/collector_config.gin and root_dir/collectors/<i>/ (each
 collector's summaries and log.txt).
 
@@ -46,15 +46,17 @@ from tf_agents.eval import metric_utils
 from tf_agents.policies import greedy_policy
 from tf_agents.utils import common
 
-from alf_async import agents  # registers dqn_agent, sac_agent with gin
-from alf_async import replayers, resume, serving_job
+from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
+from alf_async.learning import replayers
+from alf_async import resume
+from alf_async.serving import job
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
-from alf_async.evaluation import Evaluator
-from alf_async.learner import Hook, Learner, LearnerCounters
-from alf_async.learner_hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
+from alf_async.learning.evaluation import Evaluator
+from alf_async.learning.learner import Hook, Learner, LearnerCounters
+from alf_async.learning.hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
                                      SummaryHook)
-from alf_async.random_start import RandomStartPolicy
+from alf_async.learning.random_start import RandomStartPolicy
 
 del agents  # imported for its gin registrations only
 
@@ -240,10 +242,10 @@ def train(root_dir,
         num_collectors: collector processes that feed this learner through
             a Reverb server here (0, the default: this process collects
             itself). With K > 0 this process only learns and evaluates
-            (needs `replayer_fn = @ReverbReplayer`; see distributed_learner.py).
+            (needs `replayer_fn = @ReverbReplayer`; see learner_role.py).
         collector_launcher: how the K collectors start: 'local' (child
             processes), 'ray' (Ray actors) or 'none' (by hand, with
-            alf-async-collect); see collector_launcher.py.
+            alf-async-collect); see distributed/launcher.py.
 
     Returns:
         A `TrainResult`.
@@ -302,8 +304,8 @@ def train(root_dir,
                  CheckpointHook(checkpointer, checkpoint_interval,
                                 replay=replayer if hasattr(replayer, "checkpoint") else None),
                  ProgressHook(print_fn, log_interval_secs)]
-        if isinstance(env_constructor, serving_job.ServingEnvConstructor):
-            hooks.append(serving_job.ServingAnnouncement(env_constructor, root_dir, print_fn))
+        if isinstance(env_constructor, job.ServingEnvConstructor):
+            hooks.append(job.ServingAnnouncement(env_constructor, root_dir, print_fn))
         if distributed:
             hooks.extend(distributed.hooks)
         waker = _StopWaker(stop_event) if stop_event is not None else None
@@ -347,8 +349,8 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume). With `num_collectors` the driver is
-    a `distributed_learner.ReplayFeed` and the env constructor's place holds
-    the learner role's pieces (`distributed_learner.Built`)."""
+    a `learner_role.ReplayFeed` and the env constructor's place holds
+    the learner role's pieces (`learner_role.Built`)."""
     if seed is not None:
         tf.random.set_seed(seed)
     # The specs come from the evaluation environment.
@@ -362,8 +364,8 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
         if num_collectors:
-            from alf_async import distributed_learner  # pylint: disable=import-outside-toplevel
-            env_constructor = distributed_learner.build(
+            from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
+            env_constructor = learner_role.build(
                 root_dir, agent, replayer_fn, num_envs * env_batch_size, num_collectors,
                 collector_launcher, samples_per_iteration, seed, print_fn)
             replayer, driver = env_constructor.replayer, env_constructor.feed
@@ -424,7 +426,7 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
             learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
             exp_observers=[replayer])
     except BaseException:
-        if isinstance(env_constructor, serving_job.ServingEnvConstructor):
+        if isinstance(env_constructor, job.ServingEnvConstructor):
             env_constructor.close()
         _close(replayer)
         raise
@@ -476,7 +478,7 @@ def _close_envs(eval_env, env_constructor):
     driver stopped; a server whose driver never started is only bound) or
     the learner role's collectors and Reverb server."""
     eval_env.close()
-    if isinstance(env_constructor, serving_job.ServingEnvConstructor) or \
+    if isinstance(env_constructor, job.ServingEnvConstructor) or \
             getattr(env_constructor, "is_learner_role", False):
         env_constructor.close()
 

@@ -113,9 +113,9 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     never end by themselves) and owes exactly one restart and one truncation.
     """
     from alf_async import AsyncOffPolicyDriver
-    from alf_async.environments.subprocess_env import subprocess_env_constructor
-    from alf_async.learner import Hook, Learner
-    from alf_async.replayers import OneTimeReplayer
+    from alf_async.environments import subprocess_env_constructor
+    from alf_async.learning.learner import Hook, Learner
+    from alf_async.learning.replayers import OneTimeReplayer
     from alf_async.testing.envs import CountingEnv
 
     rng = np.random.default_rng(seed)

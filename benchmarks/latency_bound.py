@@ -59,8 +59,8 @@ from tf_agents.system import system_multiprocessing
 import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.subprocess_env import (close_subprocess_envs, create_subprocess_envs,
-                                                   subprocess_env_constructor)
+from alf_async.environments import (close_subprocess_envs, create_subprocess_envs,
+                                    subprocess_env_constructor)
 from alf_async.testing.policies import dqn_collect_policy
 from usage import Usage, measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
 

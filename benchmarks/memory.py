@@ -31,7 +31,8 @@ from soak import rss_mb  # benchmarks/ is this script's directory
 
 def one_run(blocking, seconds, sample_secs):
     """In the child: the driver loop; returns the samples (secs, env steps, RSS MiB)."""
-    from alf_async import AsyncOffPolicyDriver, eager_tensor_fix
+    from alf_async import AsyncOffPolicyDriver
+    from alf_async.tf215_py311_fixes import eager_tensor_fix
     from alf_async.testing.envs import CountingEnvConstructor
     from alf_async.testing.policies import CountingPolicy
 

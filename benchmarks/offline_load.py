@@ -48,7 +48,7 @@ def main():
     from tf_agents.specs import tensor_spec
     from tf_agents.trajectories import trajectory
     from alf_async.environments.offline import load_into_replayer
-    from alf_async.replayers import UniformReplayer
+    from alf_async.learning.replayers import UniformReplayer
     data_spec = trajectory.Trajectory(
         step_type=tf.TensorSpec((), tf.int32), observation=tf.TensorSpec((4,), tf.float32),
         action=tensor_spec.BoundedTensorSpec((), tf.int64, 0, 1), policy_info=(),

@@ -148,7 +148,7 @@ class ServedPolicy(object):
 
     def __init__(self, num_envs, unroll_length=4, **server_kwargs):
         from alf_async import AsyncOffPolicyDriver
-        from alf_async.learner import Learner
+        from alf_async.learning.learner import Learner
         from alf_async.serving import PolicyServerEnv
         action_spec, obs_spec = _specs()
         self.server = PolicyServerEnv(action_spec, obs_spec, host="127.0.0.1", **server_kwargs)

@@ -30,9 +30,10 @@ def serve(slots, report_secs):
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
-    from alf_async import AsyncOffPolicyDriver, agents, replayers
+    from alf_async import AsyncOffPolicyDriver
+    from alf_async.learning import agents, replayers
     from alf_async.environments.external_env import specs_from_gym
-    from alf_async.learner import Learner
+    from alf_async.learning.learner import Learner
     from alf_async.serving import PolicyServerEnv
     from tf_agents.utils import common
 

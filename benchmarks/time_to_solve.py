@@ -90,7 +90,7 @@ def run_sync(seed, cap, sync_env, prebuild):
     from tf_agents.replay_buffers import tf_uniform_replay_buffer
     from tf_agents.utils import common
 
-    from alf_async import agents, evaluation
+    from alf_async.learning import agents, evaluation
     from alf_async.environments import gym_batch, suites
 
     q = gin.query_parameter

@@ -1,6 +1,6 @@
 """Time to trace a train step, with and without the optimizer's slots built first.
 
-For alf_async.agents.dqn_agent (CartPole-v0, the dqn_cartpole.gin network:
+For alf_async.learning.agents.dqn_agent (CartPole-v0, the dqn_cartpole.gin network:
 DdqnAgent, QNetwork 128x128, 3-step) and sac_agent (Pendulum-v1, default
 networks), each case in its own process (3 rounds each): the seconds of
 `get_concrete_function` of a tf.function around `agent.train`, and how many
@@ -28,7 +28,7 @@ def one(agent_name, prebuild):
     from tf_agents.specs import tensor_spec
     from tf_agents.utils import common
 
-    from alf_async import agents
+    from alf_async.learning import agents
 
     env = suite_gym.load("CartPole-v0" if agent_name == "dqn" else "Pendulum-v1")
     time_step_spec = tensor_spec.from_spec(env.time_step_spec())

@@ -85,7 +85,7 @@ def _parse_gin(task, extra):
 
 def _timed_evaluator_class(log):
     """An alf_async Evaluator that appends (start, end) monotonic times of each call to `log`."""
-    from alf_async.evaluation import Evaluator
+    from alf_async.learning.evaluation import Evaluator
 
     class TimedEvaluator(Evaluator):
 
@@ -117,9 +117,11 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     import tensorflow as tf
     from tf_agents.specs import tensor_spec
 
-    from alf_async import agents, replayers, trainer
+    from alf_async.learning import agents, replayers
+
+    from alf_async import trainer
     from alf_async.environments import suites
-    from alf_async.learner import Learner
+    from alf_async.learning.learner import Learner
 
     eval_times = []
     trainer.Evaluator = _timed_evaluator_class(eval_times)  # instrument, same class otherwise
@@ -194,7 +196,7 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
     from tf_agents.replay_buffers import tf_uniform_replay_buffer
     from tf_agents.utils import common
 
-    from alf_async import agents, evaluation
+    from alf_async.learning import agents, evaluation
     from alf_async.environments import suites
 
     q = gin.query_parameter

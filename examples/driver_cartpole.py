@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from alf_async import quiet
+from alf_async.tf215_py311_fixes import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 
@@ -22,8 +22,8 @@ from tf_agents.networks import q_network  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments.gym_batch import load_batched  # noqa: E402
-from alf_async.learner import Hook, Learner  # noqa: E402
-from alf_async.metrics import by_name  # noqa: E402
+from alf_async.learning.learner import Hook, Learner  # noqa: E402
+from alf_async.driver.metrics import by_name  # noqa: E402
 
 
 class Rate(Hook):

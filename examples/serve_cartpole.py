@@ -22,7 +22,7 @@ import threading
 import sys
 import time
 
-from alf_async import quiet
+from alf_async.tf215_py311_fixes import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 
@@ -36,9 +36,9 @@ from tf_agents.utils import common  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments.external_env import specs_from_gym  # noqa: E402
-from alf_async.learner import Hook, Learner  # noqa: E402
-from alf_async.metrics import by_name  # noqa: E402
-from alf_async.replayers import UniformReplayer  # noqa: E402
+from alf_async.learning.learner import Hook, Learner  # noqa: E402
+from alf_async.driver.metrics import by_name  # noqa: E402
+from alf_async.learning.replayers import UniformReplayer  # noqa: E402
 
 
 def cartpole_specs():

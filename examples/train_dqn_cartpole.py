@@ -3,7 +3,7 @@
 Part 1 calls the same `train()` the CLI calls, with plain arguments (the
 values of gin_configs/dqn_cartpole.gin). Part 2 wires the pieces by hand —
 environments, agent, replayer, driver — and runs them with the Learner that
-`train()` runs (alf_async.learner), with a hook of its own.
+`train()` runs (alf_async.learning.learner), with a hook of its own.
 
     python examples/train_dqn_cartpole.py [--root_dir /tmp/alf_async_dqn_cartpole] [--by_hand]
         [--verbose]
@@ -17,7 +17,7 @@ import argparse
 import functools
 import sys
 
-from alf_async import quiet
+from alf_async.tf215_py311_fixes import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 
@@ -25,11 +25,13 @@ import tensorflow as tf  # noqa: E402
 from tf_agents.agents.dqn import dqn_agent  # noqa: E402
 from tf_agents.utils import common  # noqa: E402
 
-from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer  # noqa: E402
+from alf_async import AsyncOffPolicyDriver, trainer  # noqa: E402
+
+from alf_async.learning import agents, replayers
 from alf_async.environments import suites  # noqa: E402
-from alf_async.evaluation import Evaluator  # noqa: E402
-from alf_async.learner import Hook, Learner  # noqa: E402
-from alf_async.metrics import by_name  # noqa: E402
+from alf_async.learning.evaluation import Evaluator  # noqa: E402
+from alf_async.learning.learner import Hook, Learner  # noqa: E402
+from alf_async.driver.metrics import by_name  # noqa: E402
 
 # gin_configs/dqn_cartpole.gin's agent.
 AGENT_FN = functools.partial(

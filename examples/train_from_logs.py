@@ -144,7 +144,7 @@ def main(argv=None):
 
 def run(args, log_dir):
     from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
-    from alf_async.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
+    from alf_async.learning.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
     from serve_cartpole import build_dqn, cartpole_specs  # pylint: disable=import-outside-toplevel
     path = os.path.join(log_dir, "scripted.jsonl")
     returns = generate_logs(path, args.episodes, args.epsilon)

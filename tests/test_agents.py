@@ -7,7 +7,7 @@ from tf_agents.environments import suite_gym
 from tf_agents.specs import tensor_spec
 from tf_agents.utils import common
 
-from alf_async import agents
+from alf_async.learning import agents
 
 
 def _specs(env_name):

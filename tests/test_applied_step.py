@@ -14,8 +14,10 @@ from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory
 
-from alf_async import AsyncOffPolicyDriver, applied_steps
-from alf_async.env_rows import row_envs
+from alf_async import AsyncOffPolicyDriver
+
+from alf_async.driver import applied_steps
+from alf_async.driver.env_rows import row_envs
 from alf_async.environments.capabilities import AppliedStep
 
 pytestmark = pytest.mark.timeout(60)

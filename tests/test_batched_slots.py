@@ -23,7 +23,7 @@ from tf_agents.policies import tf_policy
 from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.env_rows import row_envs, row_stepper
+from alf_async.driver.env_rows import row_envs, row_stepper
 from alf_async.environments import ExternalEnvFinished
 from test_external_env import (BlockedClients, IdleEnv, ScriptedEnv, metric_results, no_external_env_threads_left,
                                numpy, policy_action, three_steps)
@@ -287,7 +287,7 @@ def test_stopping_the_driver_wakes_every_blocked_call_while_slots_wait():
 
 
 def test_the_serving_jobs_env_batch_size_is_slots_per_env_thread():
-    from alf_async.serving_job import make_serving_env_constructor  # pylint: disable=import-outside-toplevel
+    from alf_async.serving.job import make_serving_env_constructor  # pylint: disable=import-outside-toplevel
     for bad in (0, -2, 1.5):
         with pytest.raises(ValueError, match=r"^make_serving_env_constructor: "
                                              r"train.env_batch_size \(slots per env thread\) "

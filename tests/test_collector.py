@@ -14,9 +14,11 @@ import tensorflow as tf
 
 reverb = pytest.importorskip("reverb")
 
-from alf_async import agents, collector  # noqa: E402
+from alf_async.learning import agents  # noqa: E402
+
+from alf_async.distributed import collector
 from alf_async.environments import suites  # noqa: E402
-from alf_async.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 COLLECT_GIN = """

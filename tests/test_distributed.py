@@ -23,10 +23,10 @@ psutil = pytest.importorskip("psutil")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from alf_async import collector, collector_launcher  # noqa: E402
-from alf_async.distributed_learner import ReplayFeed  # noqa: E402
+from alf_async.distributed import collector, launcher  # noqa: E402
+from alf_async.distributed.learner_role import ReplayFeed  # noqa: E402
 from alf_async.driver import DriverStoppedError  # noqa: E402
-from alf_async.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
@@ -261,8 +261,8 @@ def test_bad_learner_settings_exit_2_with_one_line(tmp_path, param, message):
 @pytest.mark.parametrize("name", ["dqn_cartpole_distributed.gin", "sac_pendulum_distributed.gin"])
 def test_distributed_configs_parse_for_both_roles(name):
     from alf_async.bin import train as train_cli
-    from alf_async import distributed_learner  # registers its knobs
-    del distributed_learner
+    from alf_async.distributed import learner_role  # registers its knobs
+    del learner_role
     path = os.path.join(GIN, name)
     train_cli.parse_gin([path], [])
     assert gin.query_parameter("train.num_collectors") == 2
@@ -285,7 +285,7 @@ def _server():
 def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_thread(tmp_path):
     server = _server()
     client = reverb.Client(f"localhost:{server.port}")
-    none = collector_launcher.LocalCollectors(
+    none = launcher.LocalCollectors(
         num_collectors=0, address="unused", config_path="unused", root_dir=str(tmp_path),
         print_fn=print, seed=None, max_restarts=0, restart_window_secs=1.0, stop_grace_secs=1.0)
     # 8 samples per iteration, none in flight; min_diff = 2 x 10 - 20 = 0.
@@ -339,7 +339,7 @@ def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_t
 def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
     lines = []
     # A config file that does not exist: the collector exits 2 at once.
-    launcher = collector_launcher.LocalCollectors(
+    launcher = launcher.LocalCollectors(
         num_collectors=1, address="localhost:1", config_path=str(tmp_path / "missing.gin"),
         root_dir=str(tmp_path), print_fn=lines.append, seed=None, max_restarts=2,
         restart_window_secs=600.0, stop_grace_secs=2.0)
@@ -350,7 +350,7 @@ def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
         while error is None and time.monotonic() < deadline:
             try:
                 launcher.check()
-            except collector_launcher.CollectorCrashError as e:
+            except launcher.CollectorCrashError as e:
                 error = e
             time.sleep(0.1)
         assert error is not None, lines
@@ -386,7 +386,7 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from tf_agents.experimental.distributed import reverb_variable_container
-    from alf_async import agents
+    from alf_async.learning import agents
     from alf_async.environments import ray_env, suites
     gin.parse_config(COLLECT_GIN)
     env = suites.load("suite_gym", "CartPole-v0", batch_size=1)
@@ -405,7 +405,7 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
     config.write_text(COLLECT_GIN)
     client = reverb.Client(address)
     lines = []
-    launcher = collector_launcher.launch_collectors(
+    launcher = launcher.launch_collectors(
         "ray", 1, address, str(config), str(tmp_path), print_fn=lines.append, max_restarts=1,
         stop_grace_secs=5.0, ray_num_cpus=2)
 
@@ -420,7 +420,7 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
     try:
         launcher.start()
         size = wait_for_items(10, 60)
-        actor = launcher._workers[0][0]  # pylint: disable=protected-access
+        actor = launcher.actors()[0]
         ray.kill(actor)
         deadline = time.monotonic() + 10
         while not lines:
@@ -452,9 +452,10 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
 ])
 def test_a_learner_that_cannot_work_is_a_config_error_before_any_collector(
         tmp_path, bindings, message):
-    from alf_async import distributed_learner, trainer
+    from alf_async.distributed import learner_role
+    from alf_async import trainer
     from alf_async.bin.train import parse_gin
-    del distributed_learner  # registers its knobs
+    del learner_role  # registers its knobs
     parse_gin([DISTRIBUTED_GIN], ["dqn_agent.fc_layer_params = (16,)"] + bindings)
     with pytest.raises(trainer.ConfigError) as raised:
         trainer.train(str(tmp_path), print_fn=lambda line: None)

@@ -11,7 +11,7 @@ from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.metrics import tf_metrics
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.metrics import AsyncStepMetric, by_name
+from alf_async.driver.metrics import AsyncStepMetric, by_name
 from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
                                         expected_counting_action)

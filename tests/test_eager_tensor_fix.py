@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from alf_async import driver  # noqa: F401  (installs the fix on import)
-from alf_async import eager_tensor_fix
+from alf_async.tf215_py311_fixes import eager_tensor_fix
 
 
 def _blocks_per_call(fn, calls=5000):

@@ -11,9 +11,9 @@ from tf_agents.agents.dqn import dqn_agent
 from tf_agents.networks import q_network
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.learner import Hook, Learner, LearnerCounters
-from alf_async.learner_hooks import ProgressHook
-from alf_async.replayers import UniformReplayer
+from alf_async.learning.learner import Hook, Learner, LearnerCounters
+from alf_async.learning.hooks import ProgressHook
+from alf_async.learning.replayers import UniformReplayer
 from alf_async.testing.envs import CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
 

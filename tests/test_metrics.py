@@ -10,7 +10,7 @@ from tf_agents.metrics import tf_metrics
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from alf_async import metrics as metrics_lib
+from alf_async.driver import metrics as metrics_lib
 
 FIRST, MID, LAST = 0, 1, 2
 

@@ -107,7 +107,7 @@ def test_logs_load_straight_into_a_replayer_as_the_driver_would_give_them(tmp_pa
     from tf_agents.specs import tensor_spec  # pylint: disable=import-outside-toplevel
     from tf_agents.trajectories import trajectory  # pylint: disable=import-outside-toplevel
     from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
-    from alf_async.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
+    from alf_async.learning.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
     path = str(tmp_path / "log.jsonl")
     write_log(path)
     data_spec = trajectory.Trajectory(

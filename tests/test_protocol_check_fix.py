@@ -13,7 +13,7 @@ from tensorflow.python.types import core
 from tensorflow.python.util import nest_util
 
 from alf_async import driver  # noqa: F401  (importing the driver installs the fix)
-from alf_async import protocol_check_fix
+from alf_async.tf215_py311_fixes import protocol_check_fix
 
 pytestmark = pytest.mark.timeout(120)
 

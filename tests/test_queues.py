@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from alf_async.queues import NestFIFOQueue, check_queue_config
+from alf_async.driver.queues import NestFIFOQueue, check_queue_config
 
 SPEC = {"a": tf.TensorSpec([2], tf.int32), "b": (tf.TensorSpec([], tf.float32),)}
 

@@ -8,7 +8,7 @@ from tf_agents.policies import fixed_policy
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.random_start import RandomStartPolicy
+from alf_async.learning.random_start import RandomStartPolicy
 
 ACTION_SPEC = tensor_spec.BoundedTensorSpec([3], tf.float32, minimum=-1.0, maximum=1.0)
 TIME_STEP_SPEC = ts.time_step_spec(tf.TensorSpec([5], tf.float32))

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.replayers import OneTimeReplayer, UniformReplayer
+from alf_async.learning.replayers import OneTimeReplayer, UniformReplayer
 from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
 

@@ -18,7 +18,9 @@ import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
-from alf_async import agents, resume
+from alf_async.learning import agents
+
+from alf_async import resume
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 reverb = pytest.importorskip("reverb")
 
 from alf_async import trainer  # noqa: E402
-from alf_async.reverb_replayer import REPLAY_TABLE, ReverbReplayer, replay_table, window_spec  # noqa: E402
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, ReverbReplayer, replay_table, window_spec  # noqa: E402
 
 SMOKE_GIN = os.path.join(os.path.dirname(__file__), os.pardir, "gin_configs", "smoke.gin")
 SPEC = {"env": tf.TensorSpec([], tf.int32), "step": tf.TensorSpec([], tf.int32)}

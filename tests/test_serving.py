@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.learner import Learner
+from alf_async.learning.learner import Learner
 from alf_async.serving import PolicyClient, PolicyServerEnv, protocol
 from test_external_env import (ACTION_SPEC, OBS_SPEC, ObsPolicy, no_external_env_threads_left,
                                numpy, policy_action)
@@ -490,7 +490,7 @@ def test_sixteen_clients_at_once_are_served_by_one_thread(served):
         seen.update(server_threads())
         time.sleep(0.005)
     seen.update(server_threads())
-    assert len(served.server._front.connections) == n   # pylint: disable=protected-access
+    assert served.server.num_connections == n
     ready.wait(20)
     for t in threads:
         t.join(30)

@@ -10,7 +10,7 @@ import pytest
 from tf_agents.policies import random_tf_policy
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.subprocess_env import subprocess_env_constructor
+from alf_async.environments import subprocess_env_constructor
 from alf_async.testing.envs import OBS_STEP, CountingEnv
 
 FIRST, MID, LAST = 0, 1, 2

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.subprocess_env import (
+from alf_async.environments import (
     BatchedSubprocessEnv, SubprocessEnv, SubprocessEnvClosedError, SubprocessEnvCrashError,
     create_subprocess_envs, subprocess_env_constructor)
 from alf_async.testing import envs

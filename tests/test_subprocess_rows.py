@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from alf_async.env_rows import row_envs, row_stepper
-from alf_async.environments.subprocess_env import subprocess_env_constructor
+from alf_async.driver.env_rows import row_envs, row_stepper
+from alf_async.environments import subprocess_env_constructor
 from alf_async.testing import envs
 from alf_async.testing.envs import OBS_STEP, BlockingCountingEnv, CountingEnv
 from test_dynamic_batching import (BatchSizePolicy, assert_continuous_and_routed,

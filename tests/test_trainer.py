@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from alf_async import AsyncOffPolicyDriver, agents, replayers, trainer
+from alf_async import AsyncOffPolicyDriver, trainer
+
+from alf_async.learning import agents, replayers
 from alf_async.environments import gym_batch, suites
-from alf_async.evaluation import Evaluator
-from alf_async.learner import Learner
-from alf_async.warm_up import WarmUp
+from alf_async.learning.evaluation import Evaluator
+from alf_async.learning.learner import Learner
+from alf_async.learning.warm_up import WarmUp
 from alf_async.environments.capabilities import Restartable
 from tf_agents.environments import tf_py_environment
 

@@ -4,7 +4,7 @@
         [--gin_param 'collect.num_envs=4'] [--verbose]
     python -m alf_async.bin.collect ...   (the same)
 
-Builds `alf_async.collector.collect` from the gin files (the learner's
+Builds `alf_async.distributed.collector.collect` from the gin files (the learner's
 config: its `train.*` environment and agent bindings are read for
 `collect.*` through gin macros or set directly) and collects until SIGINT /
 SIGTERM (exit 0 at the end of the iteration); once it reached the server
@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from alf_async import quiet
+from alf_async.tf215_py311_fixes import quiet
 from alf_async.bin.train import ConfigError, check_gin_files, stop_on_signals
 
 PROG = "alf-async-collect"
@@ -53,7 +53,7 @@ def _error(message, code):
 
 
 def die_with_parent():
-    """When started by a learner (ALF_ASYNC_PARENT_PID, collector_launcher.py):
+    """When started by a learner (ALF_ASYNC_PARENT_PID, distributed/launcher.py):
     ask Linux for SIGKILL once the learner's thread that started us ends, and
     exit if it already has (our parent is then no longer that pid)."""
     parent = os.environ.get("ALF_ASYNC_PARENT_PID")
@@ -74,8 +74,8 @@ def main(argv=None):
         return _error(e, EXIT_CONFIG_ERROR)
     quiet.quiet(verbose=args.verbose)
     import gin  # pylint: disable=import-outside-toplevel
-    from alf_async import collector  # pylint: disable=import-outside-toplevel
-    from alf_async import replayers  # pylint: disable=import-outside-toplevel
+    from alf_async.distributed import collector  # pylint: disable=import-outside-toplevel
+    from alf_async.learning import replayers  # pylint: disable=import-outside-toplevel
     from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
     from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
     del replayers, suites  # imported for their gin registrations only

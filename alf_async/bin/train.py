@@ -18,7 +18,7 @@ resume. A run that is already finished (its limit reached, or solved)
 says so and exits 0 without starting anything.
 
 Output: third-party start-up noise (TensorFlow's banner, gym's notices,
-deprecation warnings) is silenced unless `--verbose` (see alf_async.quiet).
+deprecation warnings) is silenced unless `--verbose` (see alf_async.tf215_py311_fixes.quiet).
 
 SIGINT / SIGTERM once training started (train() is running, on a thread of
 its own so that the main thread can take signals): the loop stops at the
@@ -30,7 +30,7 @@ exits 0; a second signal interrupts at once (no checkpoint at exit, exit
 every thread was stopped.
 
 With `train.num_collectors > 0` (gin_configs/*_distributed.gin) the run is
-a learner that starts its collectors (alf_async.distributed_learner): it
+a learner that starts its collectors (alf_async.distributed.learner_role): it
 prints the address they use and writes it to ROOT_DIR/replay_address, and a
 first signal stops the collectors too, before the checkpoint.
 """
@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 
-from alf_async import quiet
+from alf_async.tf215_py311_fixes import quiet
 from alf_async.bin import train_help
 
 PROG = "alf-async-train"
@@ -268,7 +268,7 @@ def _run(args, training):
     with interrupt_after_start_up() as check_interrupted:
         # Imported only now: --help and the checks above need no TensorFlow.
         # They register every configurable the gin files name.
-        from alf_async import replayers  # pylint: disable=import-outside-toplevel
+        from alf_async.learning import replayers  # pylint: disable=import-outside-toplevel
         from alf_async import trainer  # pylint: disable=import-outside-toplevel
         from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
         del replayers, suites  # imported for their gin registrations only
@@ -276,9 +276,9 @@ def _run(args, training):
         try:  # registers ReverbReplayer, replay_table and the learner role's knobs
             # (collect.*, LearnerServer.*, launch_collectors.*, VariablePushHook.*) with
             # gin, when dm-reverb is installed
-            from alf_async import reverb_replayer  # pylint: disable=import-outside-toplevel
-            from alf_async import distributed_learner  # pylint: disable=import-outside-toplevel
-            del reverb_replayer, distributed_learner
+            from alf_async.distributed import reverb_replayer  # pylint: disable=import-outside-toplevel
+            from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
+            del reverb_replayer, learner_role
         except ImportError:
             pass
         check_interrupted()

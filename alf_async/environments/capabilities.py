@@ -20,6 +20,9 @@ them in one place (the driver and the learner check for them with
   boundaries. ExternalEnv's slots are AppliedStep (logged actions,
   `training_enabled=False` episodes); any environment that clips, overrides
   or vetoes actions may be.
+- `RowFailed`: what a row stepper (the driver's row workers, SlotStepper,
+  SubprocessRows) reports for a row instead of its time step when that
+  row's environment raised; the env thread raises the error again.
 - `EndOfData`: the exception a step raises when its environment will never
   produce experience again (ExternalEnvFinished is one); the env thread
   raises it once the learner has taken every full batch left.
@@ -93,6 +96,15 @@ class AppliedStep(abc.ABC):
             `trainable` a bool (a bool array [batch_size] when batched):
             False keeps the transition from the learner.
         """
+
+
+class RowFailed(object):
+    """What a row stepper reports instead of a time step when a row's
+    environment raised; `error` is the exception, raised again by the env
+    thread."""
+
+    def __init__(self, error):
+        self.error = error
 
 
 class EndOfData(Exception):

@@ -17,7 +17,7 @@ blocks at most `timeout` seconds (in the EpisodeTable's condition, which
 clients' calls and stop() notify); nothing else blocks.
 """
 
-from alf_async.env_rows import RowFailed
+from alf_async.environments.capabilities import RowFailed
 
 
 class SlotStepper(object):

@@ -14,7 +14,7 @@ Public API
 ``close_subprocess_envs(envs)``
     Closes several, waiting for their children together.
 ``BatchedSubprocessEnv(envs)``, ``subprocess_env_constructor(env_constructor, num_envs)``
-    (subprocess_batched.py, importable from here too): several SubprocessEnvs
+    (subprocess_batched.py; both also from ``alf_async.environments``): several SubprocessEnvs
     stepped concurrently as one batched environment, and the driver's env
     constructor over them.
 ``current_env_index()``
@@ -90,7 +90,6 @@ from alf_async.environments.env_index import current_env_index
 from alf_async.environments.recovery import CrashRecovery
 
 __all__ = [
-    "BatchedSubprocessEnv",
     "SubprocessEnv",
     "SubprocessEnvClosedError",
     "SubprocessEnvCrashError",
@@ -98,20 +97,7 @@ __all__ = [
     "close_subprocess_envs",
     "create_subprocess_envs",
     "current_env_index",
-    "subprocess_env_constructor",
 ]
-
-# Names defined in subprocess_batched.py (which imports this module), served
-# from here too so that `subprocess_env.BatchedSubprocessEnv` keeps working.
-_BATCHED_NAMES = ("BatchedSubprocessEnv", "subprocess_env_constructor")
-
-
-def __getattr__(name):
-    if name in _BATCHED_NAMES:
-        from alf_async.environments import subprocess_batched
-        return getattr(subprocess_batched, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 class SubprocessEnvError(RuntimeError):
     """Base class of the errors SubprocessEnv raises about its child process."""

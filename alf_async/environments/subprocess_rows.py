@@ -29,7 +29,7 @@ wait ends, and reports the SubprocessEnvClosedError that raises.
 import select
 import time
 
-from alf_async.env_rows import RowFailed
+from alf_async.environments.capabilities import RowFailed
 
 CHECK_SECS = 0.1  # how often recv looks for hung or closed rows while others answer
 

@@ -143,6 +143,11 @@ class PolicyServerEnv(ExternalEnv):
         bound_host, bound_port = self._front.address
         self.address = f"http://{bound_host}:{bound_port}"
 
+    @property
+    def num_connections(self):
+        """Open client connections (a snapshot; any thread may read it)."""
+        return len(self._front.connections)
+
     # ------------------------------------------------------------- serving
 
     def run(self):

@@ -37,7 +37,7 @@ import gin
 from tf_agents.specs import tensor_spec
 
 from alf_async.environments import suites
-from alf_async.learner import Hook
+from alf_async.learning.learner import Hook
 
 ADDRESS_FILE = "server_address"
 

@@ -23,7 +23,7 @@ AsyncOffPolicyDriver stepping environments in this process:
 - a `ReverbReplayer` on that server (the learner samples windows of the
   agent's train_sequence_length);
 - a `ReplayFeed`, which takes the driver's place in the `Learner`: it
-  starts and stops the K collectors (`collector_launcher.launch_collectors`),
+  starts and stops the K collectors (`launcher.launch_collectors`),
   and its `run_async()` waits (polling the server, interruptible by
   `stop()`) until the rate limiter will let one iteration's samples
   through, so that the train step never blocks inside TensorFlow; it
@@ -45,7 +45,7 @@ the collectors reported). Evaluation, checkpoints, summaries,
 Threads: everything here runs on the learner's thread except
 `ReplayFeed.stop()` (any thread; it stops the collectors, which blocks up
 to the launcher's grace period) and the launcher's monitor thread (see
-collector_launcher.py).
+launcher.py).
 """
 
 import os
@@ -61,13 +61,13 @@ import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
-from alf_async import collector_launcher
-from alf_async import metrics as metrics_lib
-from alf_async.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
+from alf_async.distributed import launcher
+from alf_async.driver import metrics as metrics_lib
+from alf_async.distributed.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
                                  variable_table)
 from alf_async.driver import DriverStoppedError
-from alf_async.learner import Hook
-from alf_async.reverb_replayer import REPLAY_TABLE, replay_table, window_spec
+from alf_async.learning.learner import Hook
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table, window_spec
 
 ADDRESS_FILE = "replay_address"
 # The run's whole gin config (gin.config_str()), which the local collectors read.
@@ -156,7 +156,7 @@ class ReplayFeed(object):
         client: a `reverb.Client` of the learner's server.
         samples_per_iteration: train_steps_per_iteration x sample_batch_size.
         samples_in_flight: what the replayer's dataset may request ahead.
-        collectors: the launcher (`collector_launcher.LocalCollectors` or
+        collectors: the launcher (`launcher.LocalCollectors` or
             `RayCollectors`), not started.
         poll_secs: seconds between polls of the server while waiting.
 
@@ -422,7 +422,7 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
         config_path = os.path.join(root_dir, CONFIG_FILE)
         with open(config_path, "w") as f:
             f.write(gin.config_str())
-        collectors = collector_launcher.launch_collectors(
+        collectors = launcher.launch_collectors(
             launcher_name, num_collectors, server.local_address, config_path, root_dir,
             print_fn=print_fn, seed=seed)
         in_flight = getattr(replayer, "max_in_flight_samples", 0)

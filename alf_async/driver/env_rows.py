@@ -44,18 +44,12 @@ import tensorflow as tf
 from tf_agents.environments import py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from alf_async.applied_steps import put_action
+from alf_async.driver.applied_steps import put_action
 from alf_async.environments import capabilities
+from alf_async.environments.capabilities import RowFailed
 
 _RESET = object()
 _STOP = object()
-
-
-class RowFailed(object):
-    """What a worker reports instead of a time step when its environment raised."""
-
-    def __init__(self, error):
-        self.error = error
 
 
 def row_envs(tf_env):

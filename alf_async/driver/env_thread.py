@@ -62,8 +62,9 @@ import tensorflow as tf
 from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from alf_async import applied_steps
-from alf_async.env_rows import RowFailed, RowRecorder, row_envs, row_stepper
+from alf_async.driver import applied_steps
+from alf_async.driver.env_rows import RowRecorder, row_envs, row_stepper
+from alf_async.environments.capabilities import RowFailed
 from alf_async.environments import capabilities
 
 QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)

@@ -19,7 +19,7 @@ with the replayer (or whatever feeds it) among its exp_observers. With `agent=No
 trains nothing: it takes the driver's batches (for its exp_observers) until
 stopped.
 
-Hooks (`Hook`, learner_hooks.py) are called on the learner's thread:
+Hooks (`Hook`; hooks.py has the ones train() uses) are called on the learner's thread:
 `begin` once the driver started, `training_started` at the first iteration
 that trains, `after_iteration` after each iteration, `end` after a clean
 stop (the driver stopped; e.g. the last summaries and checkpoint).
@@ -48,7 +48,7 @@ import tensorflow as tf
 from tf_agents.utils import common
 
 from alf_async.driver import DriverStoppedError
-from alf_async.warm_up import WarmUp
+from alf_async.learning.warm_up import WarmUp
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Learner(object):
         agent: a tf-agents TFAgent whose `collect_policy` the driver acts
             with; None trains nothing (the learner only takes batches).
         driver: an AsyncOffPolicyDriver, not started.
-        replayer: an `alf_async.replayers.Replayer` the driver feeds (one of
+        replayer: an `alf_async.learning.replayers.Replayer` the driver feeds (one of
             its exp_observers, directly or not); needed with an agent.
         train_steps_per_iteration: agent.train calls per iteration (one
             graph call).

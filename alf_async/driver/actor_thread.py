@@ -41,7 +41,7 @@ import threading
 
 import tensorflow as tf
 
-from alf_async.env_thread import QUEUE_CLOSED_ERRORS
+from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS
 
 
 class ActorThread(threading.Thread):

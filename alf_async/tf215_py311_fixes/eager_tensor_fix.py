@@ -42,7 +42,7 @@ def install():
     if os.environ.get("ALF_ASYNC_EAGER_TENSOR_FIX", "1") == "0" or not applies():
         return False
     try:
-        from alf_async import _eager_tensor_fix
+        from alf_async.tf215_py311_fixes import _eager_tensor_fix
     except ImportError as e:
         logger.warning("alf_async: the EagerTensor leak fix is not built (%s): on TF 2.15 with "
                        "Python 3.11 every EagerTensor leaks ~48 bytes, so long runs grow. "
@@ -57,5 +57,5 @@ def freed():
     """How many leaked blocks the fix has freed (0 if not installed)."""
     if not _installed:
         return 0
-    from alf_async import _eager_tensor_fix
+    from alf_async.tf215_py311_fixes import _eager_tensor_fix
     return _eager_tensor_fix.freed()

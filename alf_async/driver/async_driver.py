@@ -33,13 +33,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from alf_async import eager_tensor_fix, protocol_check_fix
-from alf_async import metrics as metrics_lib
-from alf_async.actor_thread import ActorThread
-from alf_async.env_rows import row_envs
-from alf_async.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks, uses_python_env
-from alf_async.log_thread import LogThread
-from alf_async.queues import TFQueues, check_queue_config
+from alf_async.tf215_py311_fixes import eager_tensor_fix, protocol_check_fix
+from alf_async.driver import metrics as metrics_lib
+from alf_async.driver.actor_thread import ActorThread
+from alf_async.driver.env_rows import row_envs
+from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks, uses_python_env
+from alf_async.driver.log_thread import LogThread
+from alf_async.driver.queues import TFQueues, check_queue_config
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class AsyncOffPolicyDriver(object):
                 the requests that are waiting, up to the cap).
             observers: callables(Trajectory [B, T, ...]), fed every unroll by
                 the LogThread.
-            metrics: extra `alf_async.metrics.AsyncStepMetric`s fed by the
+            metrics: extra `alf_async.driver.metrics.AsyncStepMetric`s fed by the
                 LogThread.
             exp_observers: callables(exp, env_ids) fed by `run_async()`.
             stop_grace_period_secs: how long `stop()` waits for the threads.
@@ -94,7 +94,7 @@ class AsyncOffPolicyDriver(object):
         for m in metrics:
             if not isinstance(m, metrics_lib.AsyncStepMetric):
                 raise TypeError(
-                    f"metrics must be alf_async.metrics.AsyncStepMetric instances (updated "
+                    f"metrics must be alf_async.driver.metrics.AsyncStepMetric instances (updated "
                     f"with whole unrolls from any env thread, thread-safe); got "
                     f"{type(m).__name__}. tf-agents TFStepMetrics keep one accumulator per "
                     f"batch row and cannot follow rows from different env threads.")

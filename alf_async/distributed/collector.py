@@ -39,11 +39,11 @@ import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
-from alf_async import agents  # registers dqn_agent, sac_agent with gin
+from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
-from alf_async.learner import Hook, Learner
-from alf_async.reverb_replayer import REPLAY_TABLE, RowWriters
+from alf_async.learning.learner import Hook, Learner
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, RowWriters
 
 del agents  # imported for its gin registrations only
 

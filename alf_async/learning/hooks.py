@@ -22,9 +22,9 @@ import time
 
 import tensorflow as tf
 
-from alf_async import metrics as metrics_lib
-from alf_async.health import DriverHealth, write_loss
-from alf_async.learner import Hook, crossed
+from alf_async.driver import metrics as metrics_lib
+from alf_async.driver.health import DriverHealth, write_loss
+from alf_async.learning.learner import Hook, crossed
 
 
 class SummaryHook(Hook):
@@ -37,7 +37,7 @@ class SummaryHook(Hook):
 
     def begin(self, learner):
         driver = learner.driver
-        # A learner fed by collectors (distributed_learner.ReplayFeed) has its own health.
+        # A learner fed by collectors (distributed.learner_role.ReplayFeed) has its own health.
         self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
 
     def after_iteration(self, learner, train_step_before, train_step):
@@ -78,7 +78,7 @@ class SolvedRecord(tf.Module):
 
 class EvaluationHook(Hook):
     """Evaluates every `interval` train steps with `evaluator`
-    (`alf_async.evaluation.Evaluator`); writes `Metrics/AverageReturn`,
+    (`alf_async.learning.evaluation.Evaluator`); writes `Metrics/AverageReturn`,
     `Metrics/AverageEpisodeLength` and `Metrics_vs_EnvironmentSteps/
     AverageReturn` to `writer`, prints a line, and stops the learner
     ('stop_at_eval_return') once an average return reaches `stop_at_return`,

@@ -269,7 +269,8 @@ class _CollectorActor(object):
 
     def run(self, address, config, params):
         import gin as gin_  # pylint: disable=import-outside-toplevel
-        from alf_async import collector, quiet  # pylint: disable=import-outside-toplevel
+        from alf_async.distributed import collector  # pylint: disable=import-outside-toplevel
+        from alf_async.tf215_py311_fixes import quiet
         quiet.quiet(verbose=False)
         gin_.parse_config(config, skip_unknown=True)
         for p in params:
@@ -307,6 +308,11 @@ class RayCollectors(_Launcher):
             if self._owns_ray:
                 from alf_async.environments.ray_env import shutdown  # pylint: disable=import-outside-toplevel
                 shutdown()
+
+    def actors(self):
+        """The live collectors' Ray actor handles (None for one that spent
+        its budget)."""
+        return [None if w is None else w[0] for w in self._workers]
 
     def _start_one(self, i):
         actor = self._actor_class.options(**self._options).remote()

@@ -14,7 +14,7 @@
  * dict if there is one, otherwise decref the inline values and free the array
  * -- and then calls TF's deallocator. Mirrors CPython 3.11's
  * _PyObject_FreeInstanceAttributes / free_values, which are not exported.
- * Built for CPython 3.11 only; alf_async.eager_tensor_fix installs it only on
+ * Built for CPython 3.11 only; alf_async.tf215_py311_fixes.eager_tensor_fix installs it only on
  * the stack it was checked on (see there).
  */
 #define PY_SSIZE_T_CLEAN
@@ -25,7 +25,7 @@
 #include "internal/pycore_dict.h"
 
 #if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
-#error "alf_async._eager_tensor_fix is for CPython 3.11 only"
+#error "alf_async.tf215_py311_fixes._eager_tensor_fix is for CPython 3.11 only"
 #endif
 
 static destructor tf_dealloc = NULL;

@@ -57,7 +57,7 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
-from alf_async.replayers import Replayer
+from alf_async.learning.replayers import Replayer
 
 REPLAY_TABLE = "replay"
 

@@ -1,0 +1,26 @@
+"""The asynchronous driver: environments step in env threads, batched actor
+threads run the policy, a log thread keeps the metrics, and the learner takes
+whole batches of unrolls from the learn queue.
+
+- `async_driver.py`: `AsyncOffPolicyDriver` (builds the queues and threads;
+  `start()`, `run_async()`, `stop()`) and `DriverStoppedError`.
+- `env_thread.py`, `actor_thread.py`, `log_thread.py`: one thread kind each.
+- `queues.py`: `NestFIFOQueue` (with `dequeue_all`) and `TFQueues`.
+- `env_rows.py`: rows of a batched environment stepped one by one;
+  `applied_steps.py`: the action an environment reports it applied.
+- `metrics.py`: step metrics safe to update from the log thread while the
+  learner reads them; `health.py`: the driver's health as summaries.
+
+Uses only `alf_async.environments` and `alf_async.tf215_py311_fixes`.
+"""
+
+from alf_async._lazy import lazy_exports
+
+_EXPORTS = {
+    "AsyncOffPolicyDriver": "async_driver",
+    "DriverStoppedError": "async_driver",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,30 @@
+"""What trains on the driver's output.
+
+- `learner.py`: `Learner`, the run_async training loop (start the driver,
+  `run_async()`, replay, train, hooks, stop on every exit path), and `Hook`.
+- `hooks.py`: the hooks `train()` uses (summaries, evaluation, checkpoints,
+  progress lines).
+- `replayers.py`: `OneTimeReplayer`, `UniformReplayer` (one ring per
+  environment row) and the `Replayer` interface.
+- `agents.py`: the DQN and SAC builders gin configs name (`dqn_agent`,
+  `sac_agent`); `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the
+  train step while the driver collects; `random_start.py`: uniform random
+  actions before training starts.
+
+Uses only `alf_async.driver` and the layers below it.
+"""
+
+from alf_async._lazy import lazy_exports
+
+_EXPORTS = {
+    "Learner": "learner",
+    "LearnerCounters": "learner",
+    "Hook": "learner",
+    "Replayer": "replayers",
+    "OneTimeReplayer": "replayers",
+    "UniformReplayer": "replayers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
