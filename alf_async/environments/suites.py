@@ -95,8 +95,12 @@ def _load_envpool(env_name, batch_size, seed, **kwargs):
 register_suite("suite_envpool", _load_envpool)
 
 
-def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
-    """One unbatched PyEnvironment of `suite` (suite_gym or suite_gymnasium).
+_SINGLE_ENV_SUITES = ("suite_gym", "suite_gymnasium", "suite_atari")
+
+
+def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwargs=None):
+    """One unbatched PyEnvironment of `suite` (suite_gym, suite_gymnasium or
+    suite_atari; `env_kwargs`: suite_atari's preprocessing knobs).
 
     Runs inside a SubprocessEnv child or a Ray actor, where
     `current_env_index()` offsets the seed so that every environment gets
@@ -106,6 +110,8 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
     from alf_async.environments.env_index import current_env_index
     index = current_env_index() or 0
     seed = None if seed is None else seed + index
+    if suite != "suite_atari" and env_kwargs:
+        raise ValueError(f"make_single_env: env_kwargs are suite_atari's, not {suite!r}'s")
     if suite == "suite_gym":
         import gym
         env = gym.make(env_name)
@@ -115,47 +121,75 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None):
         import gymnasium
         kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
         env = gymnasium.make(env_name, **kwargs)
+    elif suite == "suite_atari":
+        from alf_async.environments import suite_atari
+        if max_episode_steps is not None:
+            raise ValueError("suite_atari's time limit is the knob "
+                             "max_num_frames_per_episode, not max_episode_steps")
+        env = suite_atari.make_env(env_name, **(env_kwargs or {}))
     else:
-        raise ValueError(f"make_single_env: suite {suite!r} is not suite_gym or "
-                         f"suite_gymnasium")
+        raise ValueError(f"make_single_env: suite {suite!r} is not one of "
+                         f"{list(_SINGLE_ENV_SUITES)}")
     return as_py_environment(env, seed=seed)
+
+
+def _single_env_kwargs(suite, env_name, env_kwargs):
+    """suite_atari: its knobs with this process's gin bindings applied, the id
+    checked. Children and Ray actors parse gin before anything imports
+    suite_atari there, so they would drop its bindings; resolved here, they
+    get every knob explicitly."""
+    if suite != "suite_atari":
+        return env_kwargs
+    from alf_async.environments import suite_atari
+    suite_atari.check_game(env_name)
+    return suite_atari.knob_values(**(env_kwargs or {}))
 
 
 @gin.configurable
 def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
-                                    max_episode_steps=None, **subprocess_kwargs):
+                                    max_episode_steps=None, env_kwargs=None,
+                                    **subprocess_kwargs):
     """Like `make_env_constructor`, with every environment in its own child process.
 
     Each env thread gets a TFEnvironment over `batch_size` SubprocessEnvs
     (stepped concurrently). gin: `train.make_env_constructor =
     @make_subprocess_env_constructor`; `make_subprocess_env_constructor.step_timeout`,
-    `.max_restarts`, ... go to SubprocessEnv.
+    `.max_restarts`, ... go to SubprocessEnv; `env_kwargs` to suite_atari.
     """
-    if suite not in ("suite_gym", "suite_gymnasium"):
-        raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not "
-                         f"suite_gym or suite_gymnasium")
+    if suite not in _SINGLE_ENV_SUITES:
+        raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not one of "
+                         f"{list(_SINGLE_ENV_SUITES)}")
+    env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
     from alf_async.environments.subprocess_batched import subprocess_env_constructor
     return subprocess_env_constructor(
-        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps),
+        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
+                          env_kwargs),
         num_envs=batch_size, **subprocess_kwargs)
 
 
 @gin.configurable
 def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
-                             max_episode_steps=None, actors_per_env=1, **ray_kwargs):
+                             max_episode_steps=None, actors_per_env=1, env_kwargs=None,
+                             **ray_kwargs):
     """Like `make_env_constructor`, with the environments inside Ray actors.
 
     Each env thread gets a TFEnvironment over `actors_per_env` actors of
     `batch_size // actors_per_env` environments. gin: `train.make_env_constructor
     = @make_ray_env_constructor`; `make_ray_env_constructor.address`,
-    `.num_cpus`, `.actor_options`, ... go to `ray_env_constructor`.
+    `.num_cpus`, `.actor_options`, ... go to `ray_env_constructor`; `env_kwargs`
+    to suite_atari.
     """
+    if suite not in _SINGLE_ENV_SUITES:
+        raise ValueError(f"make_ray_env_constructor: suite {suite!r} is not one of "
+                         f"{list(_SINGLE_ENV_SUITES)}")
     if batch_size % actors_per_env:
         raise ValueError(f"make_ray_env_constructor: batch_size {batch_size} is not a "
                          f"multiple of actors_per_env {actors_per_env}")
+    env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
     from alf_async.environments.ray_env import ray_env_constructor
     return ray_env_constructor(
-        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps),
+        functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
+                          env_kwargs),
         envs_per_actor=batch_size // actors_per_env, actors_per_env=actors_per_env,
         **ray_kwargs)
 
