@@ -339,24 +339,24 @@ def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_t
 def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
     lines = []
     # A config file that does not exist: the collector exits 2 at once.
-    launcher = launcher.LocalCollectors(
+    collectors = launcher.LocalCollectors(
         num_collectors=1, address="localhost:1", config_path=str(tmp_path / "missing.gin"),
         root_dir=str(tmp_path), print_fn=lines.append, seed=None, max_restarts=2,
         restart_window_secs=600.0, stop_grace_secs=2.0)
-    launcher.start()
+    collectors.start()
     try:
         deadline = time.monotonic() + 40
         error = None
         while error is None and time.monotonic() < deadline:
             try:
-                launcher.check()
+                collectors.check()
             except launcher.CollectorCrashError as e:
                 error = e
             time.sleep(0.1)
         assert error is not None, lines
         assert str(error) == ("collector 0: its process died (exit code 2) and was already "
                               "restarted 2 times in the last 600 s (max_restarts=2); giving up")
-        assert launcher.restarts == 2
+        assert collectors.restarts == 2
         restarts = [l for l in lines if "restarted as pid" in l]
         assert len(restarts) == 2 and all(re.fullmatch(
             r"\[alf_async\] collector 0 \(pid \d+\) died \(exit code 2\); restarted as pid \d+ "
@@ -365,8 +365,8 @@ def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
         log = open(tmp_path / "collectors" / "0" / "log.txt").read()
         assert log.count("=== ") == 3 and log.count("gin file not found") == 3
     finally:
-        launcher.stop()
-    assert launcher.pids() == [None]
+        collectors.stop()
+    assert collectors.pids() == [None]
 
 
 COLLECT_GIN = """
@@ -405,22 +405,22 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
     config.write_text(COLLECT_GIN)
     client = reverb.Client(address)
     lines = []
-    launcher = launcher.launch_collectors(
+    collectors = launcher.launch_collectors(
         "ray", 1, address, str(config), str(tmp_path), print_fn=lines.append, max_restarts=1,
         stop_grace_secs=5.0, ray_num_cpus=2)
 
     def wait_for_items(more_than, timeout):
         deadline = time.monotonic() + timeout
         while client.server_info()[REPLAY_TABLE].current_size <= more_than:
-            launcher.check()
+            collectors.check()
             assert time.monotonic() < deadline, (lines, more_than)
             time.sleep(0.2)
         return client.server_info()[REPLAY_TABLE].current_size
 
     try:
-        launcher.start()
+        collectors.start()
         size = wait_for_items(10, 60)
-        actor = launcher.actors()[0]
+        actor = collectors.actors()[0]
         ray.kill(actor)
         deadline = time.monotonic() + 10
         while not lines:
@@ -428,11 +428,11 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
             time.sleep(0.1)
         assert re.fullmatch(r"\[alf_async\] collector 0 \(actor \w+\) died \(\w+\); restarted "
                             r"as actor \w+ \(restart 1\)", lines[0]), lines
-        assert launcher.restarts == 1
+        assert collectors.restarts == 1
         wait_for_items(size + 10, 60)
-        launcher.check()
+        collectors.check()
     finally:
-        launcher.stop()
+        collectors.stop()
         server.stop()
         stopped_ray = not ray.is_initialized()
         ray_env.shutdown()
