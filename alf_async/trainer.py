@@ -43,7 +43,7 @@ import threading
 import gin
 import tensorflow as tf
 from tf_agents.eval import metric_utils
-from tf_agents.policies import greedy_policy
+from tf_agents.policies import epsilon_greedy_policy, greedy_policy
 from tf_agents.utils import common
 
 from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
@@ -117,6 +117,10 @@ def _check_args(**args):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
+    value = args["eval_epsilon"]
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                              or not 0 <= value <= 1):
+        raise ConfigError(f"train.eval_epsilon must be None or a number in [0, 1], got {value!r}")
     if args["stop_at_eval_return"] is not None and args["num_eval_episodes"] in (0, None):
         raise ConfigError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
     if not callable(args["agent_fn"]):
@@ -184,6 +188,7 @@ def train(root_dir,
           print_fn=None,
           random_initial_collect=False,
           greedy_eval=False,
+          eval_epsilon=None,
           num_collectors=0,
           collector_launcher="local"):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
@@ -239,6 +244,11 @@ def train(root_dir,
         greedy_eval: evaluate tf-agents' `GreedyPolicy(agent.policy)` (the
             mode of the action distribution: SacAgent's `policy` samples);
             False evaluates `agent.policy` itself (greedy already for DQN).
+        eval_epsilon: if set, evaluation acts uniformly at random with this
+            probability (epsilon-greedy around the evaluated policy), as
+            published Atari evaluations do (0.001 in Dopamine, 0.05 in Mnih
+            et al. 2015): a fully greedy Breakout agent may never serve the
+            ball again. None: no random actions.
         num_collectors: collector processes that feed this learner through
             a Reverb server here (0, the default: this process collects
             itself). With K > 0 this process only learns and evaluates
@@ -295,8 +305,7 @@ def train(root_dir,
         for line in changed:
             print_fn(f"[alf_async] the config's value applies: {line}")
         evaluation = EvaluationHook(
-            Evaluator(eval_env, greedy_policy.GreedyPolicy(agent.policy) if greedy_eval
-                      else agent.policy),
+            Evaluator(eval_env, _eval_policy(agent, greedy_eval, eval_epsilon)),
             tf.summary.create_file_writer(os.path.join(root_dir, "eval")), eval_interval,
             stop_at_return=stop_at_eval_return, print_fn=print_fn,
             solved=solved) if num_eval_episodes else None
@@ -334,6 +343,14 @@ def train(root_dir,
     return TrainResult(learner.train_step, learner.env_steps, learner.iterations, stopped_by,
                        evaluation.evaluations if evaluation else [],
                        evaluation.solved_secs if evaluation else None)
+
+
+def _eval_policy(agent, greedy, epsilon):
+    """The policy evaluations run (see `train`'s greedy_eval, eval_epsilon)."""
+    policy = greedy_policy.GreedyPolicy(agent.policy) if greedy else agent.policy
+    if epsilon is None:
+        return policy
+    return epsilon_greedy_policy.EpsilonGreedyPolicy(policy, epsilon=float(epsilon))
 
 
 def _close(replayer):

@@ -25,19 +25,29 @@ for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_los
 # optimizer -> the gin binding of its learning rate (see `optimizer_hyperparameters`).
 _LEARNING_RATE_BINDINGS = weakref.WeakKeyDictionary()
 
+# Optimizers a gin file may pass as `dqn_agent.optimizer_fn` (Atari's
+# published DQN settings use centered RMSprop).
+gin.external_configurable(tf.keras.optimizers.RMSprop, module="tf.keras.optimizers")
+gin.external_configurable(tf.keras.optimizers.Adam, module="tf.keras.optimizers")
+
+
 @gin.configurable
 def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(64, 64),
               learning_rate=1e-3, epsilon_greedy=0.1, epsilon_final=None,
               epsilon_decay_steps=0, agent_class=dqn_agent_lib.DqnAgent, agent_kwargs=None,
-              prebuild_optimizer=True):
+              prebuild_optimizer=True, conv_layer_params=None, optimizer_fn=None,
+              reward_clip=None):
     """A DqnAgent (or `agent_class`, e.g. DdqnAgent) with a QNetwork and Adam.
+
+    Image observations (uint8) are scaled to [0, 1] inside the QNetwork, so
+    the environments, the queues and the replay keep bytes.
 
     Args:
         time_step_spec: the environment's TimeStep spec.
         action_spec: the environment's (discrete) action spec.
         train_step_counter: the global step variable the agent increments.
         fc_layer_params: the QNetwork's hidden layer sizes.
-        learning_rate: Adam's learning rate.
+        learning_rate: the optimizer's learning rate.
         epsilon_greedy: exploration rate of the collect policy (at train step 0).
         epsilon_final: if set, epsilon decays linearly from `epsilon_greedy` to
             this over `epsilon_decay_steps` train steps (the collect policy
@@ -46,9 +56,19 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
         agent_class: the tf-agents agent class.
         agent_kwargs: more arguments of `agent_class` (in gin, bind them on the
             class instead: `DqnAgent.n_step_update = 3`).
-        prebuild_optimizer: make Adam's slot variables now (see
+        prebuild_optimizer: make the optimizer's slot variables now (see
             `build_optimizer`); False leaves them to the first train step, as
             in tf-agents' own examples.
+        conv_layer_params: convolutions before the hidden layers, as
+            (filters, kernel size, stride) tuples (the Nature CNN:
+            ((32, 8, 4), (64, 4, 2), (64, 3, 1)) with fc_layer_params (512,));
+            None: none.
+        optimizer_fn: callable(learning_rate) -> a Keras optimizer
+            (`@tf.keras.optimizers.RMSprop`, its other arguments bound in
+            gin); None: Adam.
+        reward_clip: (low, high): the agent trains on rewards clipped to this
+            range (Atari's [-1, 1]); the environments, metrics and
+            evaluation keep the game's rewards. None: no clipping.
     """
     _check_layers("dqn_agent.fc_layer_params", fc_layer_params)
     _check_number("dqn_agent.learning_rate", learning_rate, low=0.0, low_open=True)
@@ -59,8 +79,25 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             epsilon_decay_steps < 0):
         raise ValueError(f"dqn_agent.epsilon_decay_steps must be an int >= 0, "
                          f"got {epsilon_decay_steps!r}")
-    q_net = q_network.QNetwork(time_step_spec.observation, action_spec,
-                               fc_layer_params=tuple(fc_layer_params))
+    if conv_layer_params is not None and not (
+            all(isinstance(c, (tuple, list)) and len(c) == 3 for c in conv_layer_params)
+            and all(isinstance(n, int) and n >= 1 for c in conv_layer_params for n in c)):
+        raise ValueError(f"dqn_agent.conv_layer_params must be (filters, kernel size, stride) "
+                         f"tuples of ints >= 1, got {conv_layer_params!r}")
+    if reward_clip is not None and not (
+            len(reward_clip) == 2 and all(isinstance(v, numbers.Real) for v in reward_clip)
+            and reward_clip[0] < reward_clip[1]):
+        raise ValueError(f"dqn_agent.reward_clip must be (low, high) with low < high, "
+                         f"got {reward_clip!r}")
+    observation_spec = time_step_spec.observation
+    # Pixels reach the network as uint8 and are scaled here (Rescaling casts).
+    scale = (tf.keras.layers.Rescaling(1.0 / 255.0)
+             if getattr(observation_spec, "dtype", None) == tf.uint8 else None)
+    q_net = q_network.QNetwork(
+        observation_spec, action_spec, preprocessing_layers=scale,
+        conv_layer_params=None if conv_layer_params is None else tuple(
+            tuple(c) for c in conv_layer_params),
+        fc_layer_params=tuple(fc_layer_params))
     epsilon = epsilon_greedy
     if epsilon_final is not None and epsilon_decay_steps > 0:
         start, end, steps = float(epsilon_greedy), float(epsilon_final), float(epsilon_decay_steps)
@@ -69,7 +106,9 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             frac = tf.minimum(tf.cast(train_step_counter, tf.float32) / steps, 1.0)
             return start + (end - start) * frac
 
-    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    optimizer = (optimizer_fn or tf.keras.optimizers.Adam)(learning_rate)
+    if reward_clip is not None:
+        agent_class = _reward_clipped(agent_class, float(reward_clip[0]), float(reward_clip[1]))
     agent = agent_class(time_step_spec, action_spec, q_network=q_net, optimizer=optimizer,
                         epsilon_greedy=epsilon, train_step_counter=train_step_counter,
                         **(agent_kwargs or {}))
@@ -78,6 +117,22 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
         # DqnAgent._train applies gradients to exactly these variables.
         build_optimizer(optimizer, q_net.trainable_weights)
     return agent
+
+
+def _reward_clipped(agent_class, low, high):
+    """`agent_class` training on rewards clipped to [low, high]: the clip is
+    applied to the experience of each train step (DqnAgent has no option
+    for it), so everything upstream of training sees the game's rewards."""
+
+    class RewardClipped(agent_class):
+
+        def _train(self, experience, weights=None):
+            experience = experience._replace(
+                reward=tf.clip_by_value(experience.reward, low, high))
+            return super()._train(experience, weights)
+
+    RewardClipped.__name__ = RewardClipped.__qualname__ = f"RewardClipped{agent_class.__name__}"
+    return RewardClipped
 
 
 @gin.configurable
