@@ -50,6 +50,7 @@ wheel; opencv resizes): nothing is downloaded at run time.
 """
 
 import numbers
+import os
 
 import gin
 import numpy as np
@@ -116,6 +117,10 @@ def _import_gymnasium():
             import gymnasium
         except ImportError:
             raise ValueError(INSTALL_HINT) from None
+        if os.environ.get("ALF_ASYNC_QUIET") == "1":
+            # The emulator's banner, printed when the first game is made
+            # (alf_async.tf215_py311_fixes.quiet sets ALF_ASYNC_QUIET).
+            ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
         gymnasium.register_envs(ale_py)
         _gymnasium = gymnasium
     return _gymnasium

@@ -15,7 +15,9 @@ Silenced unless `verbose`:
 - TensorFlow's Python-side deprecation warnings (tf-agents' "calling foldr_v2
   with back_prop=False") and absl's (tf-agents' policy saver, TF's
   SavedModel name sanitizing): the `tensorflow` and `absl` loggers show
-  errors only.
+  errors only;
+- the Arcade Learning Environment's banner: suite_atari sets ale-py's
+  logger to errors when it imports ale-py in a quiet process.
 
 Child processes (SubprocessEnv's fork server and children, spawn) inherit it
 through the environment: `quiet()` sets `ALF_ASYNC_QUIET=1`, and
