@@ -86,8 +86,8 @@ class AsyncOffPolicyDriver(object):
             ValueError: a queue configuration that deadlocks, or environments
                 whose specs differ from each other or from the policy's.
             TypeError: a metric that is not an AsyncStepMetric.
-            Any exception `env_constructor` raises, with its type (the environments
-            already built are closed).
+            Exception: whatever `env_constructor` raises, with its type (the
+                environments already built are closed).
         """
         check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_cap,
                            unroll_length)
@@ -210,8 +210,8 @@ class AsyncOffPolicyDriver(object):
             number of env steps in it.
 
         Raises:
-            The first exception of any driver thread, with its type;
-            DriverStoppedError if the driver was stopped (or never started).
+            Exception: the first exception of any driver thread, with its type.
+            DriverStoppedError: the driver was stopped (or never started).
         """
         if not self._started:
             raise DriverStoppedError("call start() before get_training_exps()/run_async()")
@@ -275,10 +275,10 @@ class AsyncOffPolicyDriver(object):
         `stop_grace_period_secs` at most. Idempotent; any thread may call it.
 
         Raises:
-            The first exception of a driver thread, if no earlier call
-            (run_async, get_training_exps, stop) raised it already;
-            RuntimeError naming threads still alive after the grace period
-            (a thread stuck inside an environment's own code).
+            Exception: the first exception of a driver thread, if no earlier
+                call (run_async, get_training_exps, stop) raised it already.
+            RuntimeError: naming threads still alive after the grace period
+                (a thread stuck inside an environment's own code).
         """
         with self._stop_lock:
             if self._stopped:

@@ -390,7 +390,8 @@ class ExternalEnv(threading.Thread):
             added; call get_action on a thread that may block.
 
         Raises:
-            What get_action raises before it waits (nothing is queued).
+            Exception: what get_action raises before it waits (nothing is
+                queued).
         """
         return self.__table.get_action_async(episode_id, observation, on_done, timeout, reward)
 

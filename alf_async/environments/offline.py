@@ -164,7 +164,8 @@ class OfflineEnv(ExternalEnv):
         """
         Args:
             paths: log files (JSON lines), read in order.
-            action_spec, observation_spec: array spec nests (or gym spaces).
+            action_spec: an array spec nest (or a gym space).
+            observation_spec: an array spec nest (or a gym space).
             num_epochs: passes over the logs; None: forever.
             num_workers: episodes fed at once; match the driver's num_envs.
             name: the ExternalEnv thread's name.

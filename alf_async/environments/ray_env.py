@@ -121,8 +121,9 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
         num_cpus: CPUs of a local Ray (None: Ray's default).
         step_timeout: seconds an actor may take for one step before it is
             treated as lost and replaced.
-        max_restarts, restart_window_secs: more than `max_restarts` actor
-            restarts within `restart_window_secs` raise RayEnvCrashError.
+        max_restarts: more than `max_restarts` actor restarts within
+            `restart_window_secs` raise RayEnvCrashError.
+        restart_window_secs: see `max_restarts`.
         first_env_index: environment i of actor k gets the index
             first_env_index + k * envs_per_actor + i (`current_env_index()`).
         actor_options: Ray actor options (default {"num_cpus": 0}: env actors

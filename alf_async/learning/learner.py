@@ -212,8 +212,8 @@ class Learner(object):
         stops the driver, which wakes a learner blocked in `run_async()`.
 
         Raises:
-            The first error of a driver thread that nobody raised yet (see
-            `AsyncOffPolicyDriver.stop`).
+            Exception: the first error of a driver thread that nobody raised
+                yet (see `AsyncOffPolicyDriver.stop`).
         """
         self._stop_event.set()
         self._driver.stop()
@@ -239,8 +239,8 @@ class Learner(object):
             'num_train_steps', 'stop_event' or the reason a hook gave.
 
         Raises:
-            The first error of any driver thread or hook, with its type,
-            after every thread was stopped (no `end` hooks then).
+            Exception: the first error of any driver thread or hook, with its
+                type, after every thread was stopped (no `end` hooks then).
         """
         self._limits = (num_iterations, num_env_steps, num_train_steps)
         self._start_time = time.monotonic()

@@ -133,7 +133,8 @@ class PolicyClient(object):
         """The policy's action for `observation`.
 
         Args:
-            episode_id, observation: as ExternalEnv.get_action.
+            episode_id: as ExternalEnv.get_action.
+            observation: as ExternalEnv.get_action.
             reward: if not None, first `log_returns(episode_id, reward)` in
                 the same request (one round trip per step instead of two).
 

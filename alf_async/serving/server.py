@@ -97,7 +97,8 @@ class PolicyServerEnv(ExternalEnv):
                  name="policy_server", **external_env_kwargs):
         """
         Args:
-            action_spec, observation_spec: array spec nests (or gym spaces).
+            action_spec: an array spec nest (or a gym space).
+            observation_spec: an array spec nest (or a gym space).
             host: interface to bind; loopback by default.
             port: TCP port; 0 picks a free one (see `address`).
             max_concurrent: most open episodes (see ExternalEnv).
