@@ -6,7 +6,7 @@ CartPole's specs) and a learner thread that takes every batch (no
 training: this measures serving). The slots are laid out as
 `--slots_per_env` slots per env thread (default: all of them, i.e. one env
 thread stepping whichever slots are ready, one actor, one request per
-iteration of every ready slot); `--slots_per_env 1` is the earlier layout,
+iteration of every ready slot); `--slots_per_env 1` is the other layout,
 one slot per env thread and 2 actor queues of half the env threads each,
 dynamically batched. In general: slots / slots_per_env env threads,
 min(2, env threads) actor queues, each batching up to its share of them. For 1, 4 and 16 concurrent clients, a

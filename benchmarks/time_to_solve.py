@@ -36,14 +36,8 @@ It also prints, for each env-step count at which runs solved, the median
 time of each side's runs that solved there: the speed comparison without the
 luck of which evaluation each side happened to solve at.
 
-What it measured (2 cores, 2026-11-21, dqn_cartpole.gin, cap 120 s,
-`--sync_prebuild both`, no run left unsolved; README.md, "Time to solve",
-has the table): the ratio of medians against the tf-agents loop was 0.41
-over seeds 1-32 and 0.44, 0.41, 0.38, 0.50 in four runs of seeds 1-16
-(against the prebuilt loop 0.50, and 0.39, 0.31, 0.41, 0.58). At equal env steps to solve
-(seeds 1-32) the async run took 0.44 of the tf-agents loop's time at the
-first evaluation that solved (8,960 env steps) and 0.33-0.39 from 20,992
-env steps on.
+docs/performance.md ("Time to solve") has the figures it measured, with
+their dates, commits and commands.
 """
 
 import argparse
