@@ -38,10 +38,9 @@ learner's business.
 gin: the knobs are bound as `suite_atari.<knob>` (the configurable
 `preprocessing`, registered under the name 'suite_atari' so as not to clash
 with `suites.load` or tf-agents' `suite_atari.load`); explicit keyword
-arguments of `load` win over gin bindings. gin knows the name once this
-module is imported, and `suites` imports it only to load a game, after the
-gin files are parsed: a gin file that binds `suite_atari.*` first says
-`import alf_async.environments.suite_atari`. SubprocessEnv children and Ray
+arguments of `load` win over gin bindings. `suites` imports this module,
+so gin files read by alf-async-train bind `suite_atari.*` directly (ale-py
+and gymnasium are imported only when a game loads). SubprocessEnv children and Ray
 actors get the knobs resolved by their parent (`suites` passes them as
 `env_kwargs`).
 

@@ -27,6 +27,10 @@ import threading
 import gin
 from tf_agents.environments import tf_py_environment
 
+# Imported here so that gin files can bind `suite_atari.*` before a game
+# loads; it imports ale-py and gymnasium only when one does.
+from alf_async.environments import suite_atari
+
 _SUITES = {}
 
 
@@ -78,8 +82,6 @@ register_suite("suite_gymnasium", _load_gymnasium)
 
 
 def _load_atari(env_name, batch_size, seed, **kwargs):
-    # ale-py and gymnasium are the 'atari' extra: imported on use.
-    from alf_async.environments import suite_atari
     return suite_atari.load(env_name, batch_size, seed, **kwargs)
 
 
@@ -122,7 +124,6 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwar
         kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
         env = gymnasium.make(env_name, **kwargs)
     elif suite == "suite_atari":
-        from alf_async.environments import suite_atari
         if max_episode_steps is not None:
             raise ValueError("suite_atari's time limit is the knob "
                              "max_num_frames_per_episode, not max_episode_steps")
@@ -140,7 +141,6 @@ def _single_env_kwargs(suite, env_name, env_kwargs):
     get every knob explicitly."""
     if suite != "suite_atari":
         return env_kwargs
-    from alf_async.environments import suite_atari
     suite_atari.check_game(env_name)
     return suite_atari.knob_values(**(env_kwargs or {}))
 
