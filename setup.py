@@ -35,7 +35,7 @@ EXTENSIONS = [
               define_macros=[("Py_BUILD_CORE_MODULE", "1")]),
 ] if sys.version_info[:2] == (3, 11) and sys.implementation.name == "cpython" else []
 
-# The pinned stack (README, Layout): tf-agents 0.19 is the newest release and
+# The pinned stack (docs/getting-started.md): tf-agents 0.19 is the newest release and
 # supports TF 2.15 at most; gym 0.23 is what its suite_gym loads.
 STACK = [
     "tensorflow-cpu==2.15.1",
@@ -72,6 +72,13 @@ ATARI = [GYMNASIUM, "ale-py==0.12.1", "opencv-python-headless<4.11"]
 ENVPOOL = [GYMNASIUM, "envpool==1.2.5"]
 # The benchmarks' plots (benchmarks/wall_clock_learning.py).
 BENCH = ["matplotlib==3.11.2"]
+# The documentation site (mkdocs.yml, docs/): `mkdocs build --strict`, which
+# .ci/run runs. mkdocstrings-python reads the docstrings by static analysis
+# (griffe), so building needs none of the extras above. These exact versions
+# were installed beside the pinned stack (typing-extensions stays 4.5.0) with
+# `pip check` clean.
+DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings==1.0.8",
+        "mkdocstrings-python==2.0.11", "griffelib==2.4.1"]
 
 setup(
     name="alf_async",
@@ -92,6 +99,7 @@ setup(
         "atari": ATARI,
         "envpool": ENVPOOL,
         "bench": MUJOCO + BENCH,
+        "docs": DOCS,
         "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO + ATARI + ENVPOOL,
     },
     entry_points={
