@@ -11,7 +11,8 @@ the same graph as `agent.train`.
   the overlapping windows of `num_steps` the agent trains on.
 - `UniformReplayer`: a replay buffer with one ring per environment row;
   samples windows uniformly, never across rows or across a row's write
-  cursor.
+  cursor. Its subclass `pixel_replayer.PixelReplayer` stores each frame of
+  an image stack once.
 
 Threads: both are called by the learner's thread only (`run_async()` calls
 the observers, the learner samples); nothing blocks.
@@ -177,10 +178,11 @@ class UniformReplayer(Replayer):
         self._num_rows = num_rows
         self._capacity = capacity_per_row
         with self.name_scope:
+            # tf.zeros hands its buffer to the variable: no second copy (no 2x peak).
             self._storage = tf.nest.map_structure(
                 lambda s: tf.Variable(tf.zeros([num_rows, capacity_per_row] + s.shape.as_list(),
                                                s.dtype), trainable=False, name="storage"),
-                data_spec)
+                self._stored_spec())
             # Steps ever written per row; the row's cursor is written % capacity.
             self._written = tf.Variable(tf.zeros([num_rows], tf.int64), trainable=False,
                                         name="written")
@@ -191,6 +193,16 @@ class UniformReplayer(Replayer):
         self._add = tf.function(self._add_graph, autograph=False, input_signature=(
             batch_spec, tf.TensorSpec([None], tf.int32)))
         self._add_fn = None
+
+    # Steps before a window's first step that `sample` reads too (a subclass's
+    # frame history): in a wrapped ring the oldest `_history` steps held start
+    # no window, so every step a window reads is still held.
+    _history = 0
+
+    def _stored_spec(self):
+        """What a ring slot holds: one step of `data_spec` (a subclass may store
+        steps in another form; `__init__` calls it once)."""
+        return self._spec
 
     def trace(self):
         """Builds the graph that writes a batch, without writing one (the
@@ -214,6 +226,10 @@ class UniformReplayer(Replayer):
 
     def __call__(self, exp, env_ids):
         """Appends each row of `exp` [N, T, ...] to the ring of its env id."""
+        self._add_concrete()(exp, self._check_batch(exp, env_ids))
+
+    def _check_batch(self, exp, env_ids):
+        """Refuses a batch that does not fit; returns `env_ids` as an int32 tensor."""
         tf.nest.assert_same_structure(self._spec, exp)
         T = int(tf.nest.flatten(exp)[0].shape[1])
         env_ids = tf.convert_to_tensor(env_ids, tf.int32)
@@ -223,26 +239,42 @@ class UniformReplayer(Replayer):
             raise ValueError(f"a batch brings {most} steps to one env row, more than "
                              f"capacity_per_row={self._capacity}: raise capacity_per_row to "
                              f"at least learn_queue_cap * unroll_length")
-        self._add_concrete()(exp, env_ids)
+        return env_ids
 
     def _add_graph(self, exp, env_ids):
-        T = tf.shape(tf.nest.flatten(exp)[0], out_type=tf.int64)[1]
+        return self._write(self._row_ids(env_ids), exp)
+
+    def _row_ids(self, env_ids):
+        """int32 env ids [N] -> int64 row ids, checked to lie in [0, num_rows)."""
         ids = tf.cast(env_ids, tf.int64)
         tf.debugging.assert_less(ids, tf.constant(self._num_rows, tf.int64),
-                                 message="UniformReplayer: env id >= num_rows")
+                                 message=f"{type(self).__name__}: env id >= num_rows")
+        return ids
+
+    def _write(self, ids, stored):
+        """Writes `stored` (a nest like `_stored_spec()`, [N, T, ...]) at the
+        cursors of rows `ids` [N] and advances them; returns the update."""
+        T = tf.shape(tf.nest.flatten(stored)[0], out_type=tf.int64)[1]
         # A row may appear twice in one batch (two consecutive unrolls of a
         # fast env, in order): the k-th occurrence goes k unrolls further.
-        same = tf.equal(ids[:, None], ids[None, :])
-        earlier = tf.linalg.band_part(tf.ones_like(same, tf.int64), -1, 0) - tf.eye(
-            tf.shape(ids)[0], dtype=tf.int64)
-        rank = tf.reduce_sum(tf.cast(same, tf.int64) * earlier, axis=1)
+        rank = tf.reduce_sum(tf.cast(_earlier_same_row(ids), tf.int64), axis=1)
         start = tf.gather(self._written, ids) + rank * T  # [N]
-        pos = (start[:, None] + tf.range(T)[None, :]) % self._capacity  # [N, T]
-        index = tf.stack([tf.broadcast_to(ids[:, None], tf.shape(pos)), pos], axis=-1)
+        index = self._index(ids, start[:, None] + tf.range(T)[None, :])  # [N, T, 2]
         updates = [v.scatter_nd_update(index, t) for v, t in
-                   zip(tf.nest.flatten(self._storage), tf.nest.flatten(exp))]
+                   zip(tf.nest.flatten(self._storage), tf.nest.flatten(stored))]
         with tf.control_dependencies(updates):
             return self._written.scatter_nd_add(ids[:, None], tf.fill(tf.shape(ids), T))
+
+    def _index(self, rows, steps):
+        """rows [B] and steps [B, ...] (counted from each row's first write) ->
+        the [B, ..., 2] (row, slot) indices into `_storage`."""
+        rows = tf.reshape(rows, [-1] + [1] * (steps.shape.rank - 1))
+        return tf.stack([tf.broadcast_to(rows, tf.shape(steps)), steps % self._capacity], axis=-1)
+
+    def bytes_per_step(self):
+        """Bytes of all the replayer's variables divided by its capacity in steps."""
+        total = sum(v.shape.num_elements() * v.dtype.size for v in self.variables)
+        return total / (self._num_rows * self._capacity)
 
     def num_frames(self):
         """Steps currently held, summed over rows."""
@@ -250,7 +282,14 @@ class UniformReplayer(Replayer):
 
     def can_sample(self, num_steps):
         """True once some row holds a window of `num_steps` steps."""
-        return bool(tf.reduce_any(tf.minimum(self._written, self._capacity) >= num_steps))
+        return bool(tf.reduce_any(self._windows(num_steps)[0] > 0))
+
+    def _windows(self, n):
+        """Per row [R]: how many windows of `n` steps it holds, and the step
+        (counted from the row's first write) the first of them starts at."""
+        held = tf.minimum(self._written, self._capacity)
+        skip = tf.where(self._written > self._capacity, tf.constant(self._history, tf.int64), 0)
+        return tf.maximum(held - skip - n + 1, 0), self._written - held + skip
 
     def sample(self, sample_batch_size, num_steps=None):
         """Samples `sample_batch_size` windows of `num_steps` uniformly (with replacement).
@@ -265,17 +304,28 @@ class UniformReplayer(Replayer):
             Fails (InvalidArgumentError) if no row holds a whole window yet.
         """
         n = 1 if num_steps is None else int(num_steps)
-        size = tf.minimum(self._written, self._capacity)  # [R]
-        windows = tf.maximum(size - n + 1, 0)
+        index = self._index(*self._sample_steps(sample_batch_size, n))
+        return tf.nest.map_structure(lambda v: tf.gather_nd(v, index), self._storage)
+
+    def _sample_steps(self, sample_batch_size, n):
+        """Draws windows of `n` steps uniformly over all rows' windows; returns
+        their rows [B] and steps [B, n] (counted from each row's first write)."""
+        windows, first = self._windows(n)
         cumulative = tf.cumsum(windows)
         total = cumulative[-1]
         check = tf.debugging.assert_positive(
-            total, message=f"UniformReplayer: no row holds {n} steps yet")
+            total, message=f"{type(self).__name__}: no row holds {n} steps yet")
         with tf.control_dependencies([check]):
             u = tf.random.uniform([sample_batch_size], maxval=total, dtype=tf.int64)
         row = tf.searchsorted(cumulative, u, side="right", out_type=tf.int64)  # first row with cumulative > u
         offset = u - (tf.gather(cumulative, row) - tf.gather(windows, row))
-        start = tf.gather(self._written, row) - tf.gather(size, row) + offset  # oldest + offset
-        pos = (start[:, None] + tf.range(n, dtype=tf.int64)[None, :]) % self._capacity
-        index = tf.stack([tf.broadcast_to(row[:, None], tf.shape(pos)), pos], axis=-1)
-        return tf.nest.map_structure(lambda v: tf.gather_nd(v, index), self._storage)
+        start = tf.gather(first, row) + offset
+        return row, start[:, None] + tf.range(n, dtype=tf.int64)[None, :]
+
+
+def _earlier_same_row(ids):
+    """[N] row ids -> [N, N] bool, true at [i, j] when entry j comes before
+    entry i in the batch and has the same row."""
+    n = tf.shape(ids)[0]
+    earlier = tf.range(n)[None, :] < tf.range(n)[:, None]
+    return tf.logical_and(tf.equal(ids[:, None], ids[None, :]), earlier)
