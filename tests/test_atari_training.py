@@ -1,0 +1,60 @@
+"""DQN on Atari (gin_configs/dqn_breakout.gin) through alf-async-train, as users
+run it: a short Breakout job with the Nature CNN and the pixel replay that
+provably reaches the learner (finite losses in the training summaries, two
+epsilon-greedy evaluations written, game scores in the metrics)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test_trainer import read_scalars  # tests/ is on sys.path
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+BREAKOUT_GIN = os.path.join(REPO, "gin_configs", "dqn_breakout.gin")
+
+# Small enough for CI, the rest of the config as published: 2 x 8 games x 8
+# steps = 128 env steps and 32 train steps per iteration; training starts at
+# iteration 2 (256 env steps) and runs through iteration 6.
+SHORT = [
+    "train.num_env_steps = 768",
+    "train.initial_collect_steps = 256",
+    "PixelReplayer.capacity_per_row = 200",
+    "suite_atari.max_num_frames_per_episode = 400",  # 100 agent steps, training and eval games
+    "train.num_eval_episodes = 2",
+    "train.eval_interval = 64",            # train steps: evaluations at 64 and 128
+    "train.summary_interval = 16",
+]
+
+
+@pytest.mark.timeout(240)
+def test_short_breakout_run_reaches_the_learner_and_evaluates(tmp_path):
+    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
+            "--gin_file", BREAKOUT_GIN]
+    for binding in SHORT:
+        args += ["--gin_param", binding]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=230, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("stopped (num_env_steps) at iteration 6, train step 160, env steps 768"
+            in proc.stdout), proc.stdout[-3000:]
+    assert "A.L.E" not in proc.stdout + proc.stderr   # the emulator's banner is silenced
+
+    train = read_scalars(str(tmp_path / "train"))
+    losses = [v for _, v in train["Learner/loss"]]
+    assert losses and np.all(np.isfinite(losses))
+    assert max(step for step, _ in train["Learner/loss"]) == 160
+
+    evaluation = read_scalars(str(tmp_path / "eval"))
+    assert [step for step, _ in evaluation["Metrics/AverageReturn"]] == [64, 128]
+    # Game scores: Breakout's bricks are worth 1, 4 or 7 points, never negative.
+    assert all(v >= 0 for _, v in evaluation["Metrics/AverageReturn"])
+    # Each evaluation game ends by the 400-frame limit at the latest.
+    assert all(0 < v <= 100 for _, v in evaluation["Metrics/AverageEpisodeLength"])
+
+    config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
+    assert "train.env_name = 'ALE/Breakout-v5'" in config
+    assert "dqn_agent.reward_clip = (-1.0, 1.0)" in config
+    assert "train.replayer_fn = @PixelReplayer" in config
