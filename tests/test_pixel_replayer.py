@@ -41,14 +41,20 @@ def _frame(row, episode, step):
 
 def _stream(row, length, padding="reset", lengths=LENGTHS):
     """`length` steps of one env row: [(stack [H, W, S], step_type)], episodes of
-    `lengths` steps, cycled."""
+    `lengths` steps, cycled; episodes start padded with their first frame
+    ("reset"), zeros ("zero"), or after the first one continue the last
+    episode's stack ("carry")."""
     steps, episode, stack = [], 0, None
     while len(steps) < length:
         episode_length = lengths[episode % len(lengths)]
         for t in range(episode_length):
             f = _frame(row, episode, t)[..., None]
-            if t == 0:
-                pad = f if padding == "reset" else np.zeros_like(f)
+            if t == 0 and padding == "carry" and stack is not None:
+                # EnvPool's episodic_life: the stack goes on over a lost life.
+                stack = np.concatenate([stack[..., 1:], f], axis=-1)
+                step_type = FIRST
+            elif t == 0:
+                pad = np.zeros_like(f) if padding == "zero" else f
                 stack = np.concatenate([pad] * (S - 1) + [f], axis=-1)
                 step_type = FIRST
             else:
@@ -110,7 +116,7 @@ class _Feeder:
                 for g in range(written - capacity + (S - 1) if written > capacity else 0, written)}
 
 
-@pytest.mark.parametrize("padding", ["reset", "zero"])
+@pytest.mark.parametrize("padding", ["reset", "zero", "carry"])
 def test_stacks_are_byte_exact_across_episode_starts_rows_duplicates_and_wraparound(padding):
     num_rows, capacity, T = 3, 16, 3
     replayer = PixelReplayer(_spec(), num_rows=num_rows, capacity_per_row=capacity)
@@ -161,6 +167,23 @@ def test_two_unrolls_of_one_row_in_one_batch_continue_each_other():
     assert sampled == feeder.sampleable(capacity)
 
 
+def test_a_padded_first_stack_starts_afresh_even_if_its_pixels_also_continue():
+    """A static screen over an episode end: the FIRST stack [f, f, f, f] also
+    continues the last episode's; it is stored as a start (reads no frame of
+    that episode), and so is the first stack of a zero-padded episode."""
+    static = np.repeat(_frame(0, 0, 0)[..., None], S, axis=-1)
+    zero_padded = np.zeros_like(static)
+    zero_padded[..., -1] = static[..., -1]
+    types = [FIRST, MID, MID, LAST, FIRST, MID, LAST, FIRST]
+    stacks = [static] * 7 + [zero_padded]
+    replayer = PixelReplayer(_spec(), num_rows=1, capacity_per_row=8)
+    feeder = _Feeder([list(zip(stacks, types))])
+    feeder.write(replayer, [0], 8)
+    # White box: the `starts` codes (1: padded with its frame, 2: with zeros).
+    np.testing.assert_array_equal(replayer._storage["starts"].numpy()[0], [1, 0, 0, 0, 1, 0, 0, 2])
+    assert feeder.check(replayer.sample(500, 1), 8) == feeder.sampleable(8)
+
+
 def test_refuses_a_stack_it_cannot_rebuild_and_writes_nothing():
     replayer = PixelReplayer(_spec(), num_rows=2, capacity_per_row=10)
     feeder = _Feeder([_stream(r, 30) for r in range(2)])
@@ -177,10 +200,9 @@ def test_refuses_a_stack_it_cannot_rebuild_and_writes_nothing():
     obs[0, 1, ..., 0] += 1
     types = good.step_type.copy()
     types[0, 1] = FIRST
-    refused(obs, types, r"step 1 of unroll 0 \(env id 0\) is a FIRST step whose stack is not "
-                        r"padded with copies of its newest frame or with zeros")
-    # A FIRST step that continues the previous stack: it must start one.
-    refused(good.observation, np.full_like(types, FIRST), r"step 0 .* is a FIRST step")
+    refused(obs, types, r"the stack of step 1 of unroll 0 \(env id 0\) neither continues the "
+                        r"row's previous stack \(frames shifted by one\) nor starts one padded "
+                        r"with copies of its newest frame or with zeros")
     # A MID step that neither continues nor is padded.
     obs = good.observation.copy()
     obs[0, 0, ..., 1] = 0

@@ -29,17 +29,22 @@ Rebuilding step t's stack takes the frames of steps t, t-1, ... back to
 the nearest step whose `starts` is not 0, then that start's padding. Whether
 a step continues is decided by comparing its pixels with the previous step's
 stack of the same row (the row's previous unroll in the same batch, or the
-stack rebuilt from the ring), never across rows; a FIRST step always starts
-a stack, so no stack takes frames from another episode. A step whose older
-channels neither continue the previous stack nor are padding of one of the
-two kinds (say an episode start whose environment filled the older channels
-with frames of its own, or channels-first stacks) cannot be rebuilt from
-one frame: the whole batch is refused with a one-line ValueError and
-nothing of it is written. The side store of whole first stacks that would
-accept any padding was not needed by any environment here: gymnasium's
-wrappers (both padding types), tf-agents' and baselines' frame stacks and
-EnvPool 1.2.5 (`envpool.make("Breakout-v5", env_type="gymnasium")`
-repeats the first frame after every reset) all pad one of these two ways.
+stack rebuilt from the ring), never across rows. A padded stack at a FIRST
+step starts a new one even when its pixels would also continue the last
+episode's, so a stack reaches back past an episode start only where the
+environment's own stack did: EnvPool with `episodic_life=True` carries the
+stack over a lost life (its FIRST stacks continue the previous ones, which
+is how they are stored). A step whose older channels neither continue the
+previous stack nor are padding of one of the two kinds (say an environment
+that fills them at a reset with frames of its own, or channels-first
+stacks) cannot be rebuilt from one frame: the whole batch is refused with a
+one-line ValueError and nothing of it is written. A side store of whole
+first stacks, which would accept any padding, was not needed by any
+environment here: gymnasium's `FrameStackObservation` (both padding
+types), tf-agents' `FrameStack4`, baselines' `FrameStack` and EnvPool 1.2.5
+(`envpool.make("Breakout-v5", env_type="gymnasium")` repeats the first
+frame in the older channels after every reset) all pad one of these two
+ways.
 
 A step's stack reads up to S - 1 earlier steps of its row, so in a ring that
 has wrapped the oldest S - 1 steps held serve only as history: no window
@@ -116,15 +121,12 @@ class PixelReplayer(UniformReplayer):
         env_ids = self._check_batch(exp, env_ids)
         unroll, step = self._add_concrete()(exp, env_ids).numpy()
         if unroll >= 0:
-            where = f"step {step} of unroll {unroll} (env id {int(env_ids[unroll])})"
-            if int(exp.step_type[unroll][step]) == int(ts.StepType.FIRST):
-                what = f"{where} is a FIRST step whose stack is not padded"
-            else:
-                what = (f"the stack of {where} neither continues the row's previous stack "
-                        f"(frames shifted by one) nor starts one padded")
-            raise ValueError(f"PixelReplayer: {what} with copies of its newest frame or with "
-                             f"zeros, so it cannot be stored as one frame (stacks must be "
-                             f"uint8 [H, W, S], newest frame last)")
+            raise ValueError(
+                f"PixelReplayer: the stack of step {step} of unroll {unroll} (env id "
+                f"{int(env_ids[unroll])}) neither continues the row's previous stack (frames "
+                f"shifted by one) nor starts one padded with copies of its newest frame or with "
+                f"zeros, so it cannot be stored as one frame (stacks must be uint8 [H, W, S], "
+                f"newest frame last)")
 
     def _add_graph(self, exp, env_ids):
         """Writes the batch, or nothing when some stack cannot be rebuilt from
@@ -169,13 +171,12 @@ class PixelReplayer(UniformReplayer):
             return result
 
         older, newest = channels[:-1], channels[-1]
-        continues = (has_previous & tf.not_equal(step_type, ts.StepType.FIRST)
-                     & equal(zip(older, previous[1:])))
-        repeats = equal((c, newest) for c in older)
-        zeros = equal((c, tf.zeros_like(c)) for c in older)
-        code = tf.where(continues, _CONTINUES,
-                        tf.where(repeats, _REPEATS_FRAME, tf.where(zeros, _ZEROS, -1)))
-        return tf.cast(code, tf.int8)
+        continues = has_previous & equal(zip(older, previous[1:]))
+        start = tf.where(equal((c, newest) for c in older), _REPEATS_FRAME,
+                         tf.where(equal((c, tf.zeros_like(c)) for c in older), _ZEROS, -1))
+        # A padded FIRST stack starts afresh, even if it also continues.
+        fresh = tf.equal(step_type, ts.StepType.FIRST) & (start >= 0)
+        return tf.cast(tf.where(continues & ~fresh, _CONTINUES, start), tf.int8)
 
     def _stacks(self, rows, steps):
         """rows [B], steps [B, n] (counted from each row's first write) -> the
