@@ -12,9 +12,9 @@ from alf_async._lazy import lazy_exports
 quiet.apply_inherited()
 
 _EXPORTS = {
-    "AsyncOffPolicyDriver": "driver",
-    "DriverStoppedError": "driver",
-    "Learner": "learner",
+    "AsyncOffPolicyDriver": "driver.async_driver",
+    "DriverStoppedError": "driver.async_driver",
+    "Learner": "learning.learner",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -36,8 +36,9 @@ from alf_async.learning import agents
 # Bindings whose values shape the checkpoint's variables.
 LAYOUT_BINDINGS = (
     "train.suite", "train.env_name", "train.agent_fn", "train.replayer_fn", "train.num_envs",
-    "train.env_batch_size", "UniformReplayer.capacity_per_row", "dqn_agent.agent_class",
-    "dqn_agent.fc_layer_params", "sac_agent.actor_fc_layer_params",
+    "train.env_batch_size", "UniformReplayer.capacity_per_row",
+    "PixelReplayer.capacity_per_row", "dqn_agent.agent_class", "dqn_agent.fc_layer_params",
+    "dqn_agent.conv_layer_params", "sac_agent.actor_fc_layer_params",
     "sac_agent.critic_joint_fc_layer_params")
 
 Finished = collections.namedtuple("Finished", ["reason", "global_step", "env_steps",

@@ -163,3 +163,11 @@ def test_the_layer_check_reads_imports_inside_functions(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from alf_async.learning import learner\n")
     assert _imports(str(source), _modules()) == {"alf_async.learning.learner"}
+
+
+def test_the_top_level_names_import():
+    from alf_async import AsyncOffPolicyDriver, DriverStoppedError, Learner
+    from alf_async.driver import async_driver
+    from alf_async.learning import learner
+    assert (AsyncOffPolicyDriver, DriverStoppedError, Learner) == (
+        async_driver.AsyncOffPolicyDriver, async_driver.DriverStoppedError, learner.Learner)
