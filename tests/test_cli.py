@@ -1,4 +1,4 @@
-"""alf-async-train as a newcomer meets it (issue 15): --help without TensorFlow,
+"""alf-async-train as a newcomer meets it: --help without TensorFlow,
 one-line configuration errors with exit 2 and no traceback, Ctrl-C before
 training. Each runs the real CLI in a subprocess."""
 

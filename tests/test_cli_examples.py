@@ -1,4 +1,4 @@
-"""Quiet starts beyond the main job (issue 15): SubprocessEnv children and the
+"""Quiet starts beyond the main job: SubprocessEnv children and the
 examples print nothing of TensorFlow's or gym's; the by-hand example learns;
 --verbose shows the third-party output again."""
 

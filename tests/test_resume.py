@@ -1,4 +1,4 @@
-"""Running alf-async-train again on a root_dir (issue 15): a finished or solved
+"""Running alf-async-train again on a root_dir: a finished or solved
 run says so and exits 0; a changed learning rate applies over the checkpoint's
 (the optimizer's state restored); the epsilon schedule follows the config; a
 config that does not fit the checkpoint fails with one line, exit 2.

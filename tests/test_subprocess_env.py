@@ -1,4 +1,4 @@
-"""Tests of alf_async.environments.subprocess_env (issue 5).
+"""Tests of alf_async.environments.subprocess_env.
 
 Exact assertions on the tiny deterministic envs of alf_async.testing.envs
 (`_obs` keeps observation[env_index, step_in_episode]).
