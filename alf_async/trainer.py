@@ -262,8 +262,8 @@ def train(root_dir,
 
     Raises:
         ConfigError: a bad argument (before anything is built).
-        The first error of any driver thread, with its type, after every
-        thread was stopped.
+        Exception: the first error of any driver thread, with its type,
+            after every thread was stopped.
     """
     _check_args(**{k: v for k, v in locals().items()})
     _set_threads(inter_op_threads, intra_op_threads)
