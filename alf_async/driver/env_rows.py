@@ -11,16 +11,18 @@ shared ready queue that the env thread drains.
 
 `row_envs(tf_env)` says which environments are stepped this way: a
 TFPyEnvironment whose Python environment has `envs` (tf-agents'
-BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched
-slots), every one of them unbatched and whose step blocks
-(`capabilities.steps_block`). Rows whose environments offer a stepper of
-their own get it instead of worker threads (`row_stepper`: ExternalEnv's
-slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py). Rows may be
+BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched slots),
+every one of them unbatched and whose step blocks
+(`capabilities.steps_block`), or whose Python environment is itself a
+`capabilities.RowStepping` batch (suite_envpool's pools, envpool_rows.py).
+Rows whose environments offer a stepper of their own get it instead of worker
+threads (`row_stepper`: ExternalEnv's slots, slot_stepper.py; SubprocessEnvs,
+subprocess_rows.py; a RowStepping batch always does). Rows may be
 `AppliedStep`s (ExternalEnv's slots are): whatever steps a row reads
 `applied_step()` right after the row's step, and `RowRecorder` records the
-applied action in that row's transition and keeps its `trainable` flag
-with the row's unroll (the env thread makes the learner's copy inert where
-needed, applied_steps.py).
+applied action in that row's transition and keeps its `trainable` flag with
+the row's unroll (the env thread makes the learner's copy inert where needed,
+applied_steps.py).
 
 `RowRecorder` keeps each row's unroll as it grows; complete ones wait in
 `complete` until the env thread ships them.
@@ -53,11 +55,17 @@ _STOP = object()
 
 
 def row_envs(tf_env):
-    """The unbatched environments of `tf_env`'s rows if they are to be stepped
-    one by one (see the module docstring), else None."""
+    """What steps `tf_env`'s rows if they are to be stepped one by one (see the
+    module docstring), else None: its Python environment when that is a
+    `capabilities.RowStepping` batch, else the unbatched environments of its
+    rows (a list)."""
     pyenv = capabilities.python_env(tf_env)
-    envs = getattr(pyenv, "envs", None) if pyenv is not None else None
-    if not envs or getattr(tf_env, "_pool", None) is not None:
+    if pyenv is None or getattr(tf_env, "_pool", None) is not None:
+        return None
+    if isinstance(pyenv, capabilities.RowStepping):
+        return pyenv
+    envs = getattr(pyenv, "envs", None)
+    if not envs:
         return None
     if all(isinstance(e, py_environment.PyEnvironment) and not e.batched and
            capabilities.steps_block(e) for e in envs):
@@ -66,11 +74,14 @@ def row_envs(tf_env):
 
 
 def row_stepper(name, envs, on_step):
-    """What steps `envs` row by row for an env thread: the rows' own stepper
-    if their environments offer one (`envs[0].row_stepper(envs, on_step)`
-    returning an object with RowWorkers' interface; ExternalEnv slots do,
-    slot_stepper.py, and SubprocessEnvs, subprocess_rows.py), else
-    `RowWorkers(name, envs, on_step)`."""
+    """What steps `envs` (what `row_envs` returned) row by row for an env
+    thread: a RowStepping batch's own stepper (`envs.make_row_stepper(on_step)`),
+    the rows' own stepper if their environments offer one
+    (`envs[0].row_stepper(envs, on_step)` returning an object with
+    RowWorkers' interface; ExternalEnv slots do, slot_stepper.py, and
+    SubprocessEnvs, subprocess_rows.py), else `RowWorkers(name, envs, on_step)`."""
+    if isinstance(envs, capabilities.RowStepping):
+        return envs.make_row_stepper(on_step)
     offer = getattr(envs[0], "row_stepper", None)
     stepper = offer(envs, on_step) if callable(offer) else None
     return stepper if stepper is not None else RowWorkers(name, envs, on_step)

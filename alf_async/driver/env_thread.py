@@ -20,19 +20,21 @@ process, a Ray actor, a client of an ExternalEnv) declare it with
 batch are separate environments (tf-agents' BatchedPyEnvironment, our
 BatchedSubprocessEnv, ExternalEnv's batched slots), each row is stepped on its
 own and asks for its action as soon as it is ready (`_rows_loop`, env_rows.py):
-no row waits for a slower one. In-process rows step on a worker thread each;
-SubprocessEnv children and ExternalEnv slots need none (subprocess_rows.py,
-slot_stepper.py). Other blocking environments are stepped as one batch from a
-Python loop with eager queue ops (`_python_loop`). Both stay off the graph, and
-both record what an `AppliedStep` environment (or row) applied
-(applied_steps.py): its action in the trajectory, and its untrainable
-transitions as inert boundaries in the learn queue's copy of the unrolls (the
-log queue's copy is as it happened); AppliedStep environments that do not block
-are stepped by `_python_loop` too. Inside the graph, a blocked `numpy_function`
-holds one of TF's inter-op threads (as many as cores by default), so a few
-blocked steps starved the actors and deadlocked the driver (measured: 3
-ExternalEnv slots and one client on 2 cores), and at most two child processes
-stepped at once. Their per-step overhead does not matter next to the wait.
+no row waits for a slower one. So is a batch that steps its own rows, blocking
+or not (`capabilities.RowStepping`: an EnvPool pool). In-process rows step on a
+worker thread each; SubprocessEnv children, ExternalEnv slots and EnvPool pools
+need none (subprocess_rows.py, slot_stepper.py, envpool_rows.py). Other
+blocking environments are stepped as one batch from a Python loop with eager
+queue ops (`_python_loop`). Both stay off the graph, and both record what an
+`AppliedStep` environment (or row) applied (applied_steps.py): its action in
+the trajectory, and its untrainable transitions as inert boundaries in the
+learn queue's copy of the unrolls (the log queue's copy is as it happened);
+AppliedStep environments that do not block are stepped by `_python_loop` too.
+Inside the graph, a blocked `numpy_function` holds one of TF's inter-op threads
+(as many as cores by default), so a few blocked steps starved the actors and
+deadlocked the driver (measured: 3 ExternalEnv slots and one client on 2
+cores), and at most two child processes stepped at once. Their per-step
+overhead does not matter next to the wait.
 
 A Python environment behind a TFPyEnvironment is stepped through our own
 `tf.numpy_function`, which records the environment's exception before TF
@@ -217,9 +219,9 @@ class EnvThread(threading.Thread):
 
     def _rows_loop(self, envs):
         """Steps each row on its own worker thread (or with the rows' own
-        stepper: ExternalEnv slots, SubprocessEnv children, no threads) and
-        asks for actions for whichever rows are ready (EnvPool's
-        asynchronous mode, see env_rows.py).
+        stepper: ExternalEnv slots, SubprocessEnv children, an EnvPool pool;
+        no threads) and asks for actions for whichever rows are ready
+        (EnvPool's asynchronous mode, see env_rows.py).
 
         A row's transition is recorded right after its step (by its worker, or
         in the stepper's `recv`) in per-row unroll buffers; a row with T

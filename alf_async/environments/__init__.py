@@ -12,6 +12,7 @@ _EXPORTS = {
     "Restartable": "capabilities",
     "AppliedStep": "capabilities",
     "BlockingStep": "capabilities",
+    "RowStepping": "capabilities",
     "EndOfData": "capabilities",
     "ExternalEnv": "external_env",
     "ExternalEnvFinished": "episodes",

@@ -20,9 +20,15 @@ them in one place (the driver and the learner check for them with
   boundaries. ExternalEnv's slots are AppliedStep (logged actions,
   `training_enabled=False` episodes); any environment that clips, overrides
   or vetoes actions may be.
+- `RowStepping`: a batched environment that steps its own rows one by one,
+  each as soon as it has its action, and reports whichever rows are ready
+  (EnvPool's asynchronous mode: suite_envpool's EnvPoolEnv). Its env
+  thread steps it row by row through the stepper the environment makes
+  (`make_row_stepper`), with no Python thread per row.
 - `RowFailed`: what a row stepper (the driver's row workers, SlotStepper,
-  SubprocessRows) reports for a row instead of its time step when that
-  row's environment raised; the env thread raises the error again.
+  SubprocessRows, EnvPoolRows) reports for a row instead of its time step
+  when that row's environment raised; the env thread raises the error
+  again.
 - `EndOfData`: the exception a step raises when its environment will never
   produce experience again (ExternalEnvFinished is one); the env thread
   raises it once the learner has taken every full batch left.
@@ -95,6 +101,47 @@ class AppliedStep(abc.ABC):
             batched), or None when it applied the action it was given;
             `trainable` a bool (a bool array [batch_size] when batched):
             False keeps the transition from the learner.
+        """
+
+
+class RowStepping(abc.ABC):
+    """A batched PyEnvironment whose rows can be stepped one by one, each as
+    soon as its action comes, by a stepper the environment makes itself.
+
+    The driver's env thread (env_rows.py) steps such an environment row by
+    row instead of as one batch: no row waits for the others' steps. The
+    stepper has the interface of the driver's `env_rows.RowWorkers`:
+
+    - `start()`: resets every row; each reports once its first time step came.
+    - `send(row, action)`: row `row` (0..batch_size-1) steps with `action`
+      (one row's action nest, unbatched); returns without waiting for it.
+    - `recv(timeout) -> [(row, None or RowFailed), ...]`: the rows whose
+      reset or step came since (possibly none), each recorded first with
+      `on_step(row, time_step, None)` (an unbatched tf-agents TimeStep). It
+      blocks at most `timeout` seconds while nothing it waits for is in
+      flight, and otherwise no longer than the rows in flight take to step
+      (the env thread checks for stop between calls).
+    - `close(wait=True)`: forgets the rows in flight (no more calls follow).
+    - `join(timeout)`: waits for threads of its own, if any.
+
+    Every row is a continuous stream with tf-agents' semantics: after a LAST
+    comes the FIRST of the row's next episode (its action ignored, reward 0,
+    discount 1). The environment's `close()` may be called from another
+    thread once its env thread has left; while it has a stepper it is
+    stepped through that stepper only.
+
+    Threads: `make_row_stepper` and every stepper method are called by the
+    env thread that owns the environment.
+    """
+
+    @abc.abstractmethod
+    def make_row_stepper(self, on_step):
+        """A new stepper of this environment's rows (see the class docstring).
+
+        Args:
+            on_step: callable(row, time_step, applied), called by the
+                stepper's `recv` for each row whose reset or step came, with
+                `applied` None.
         """
 
 
