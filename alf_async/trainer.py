@@ -307,8 +307,9 @@ def train(root_dir,
         evaluation = EvaluationHook(
             Evaluator(eval_env, _eval_policy(agent, greedy_eval, eval_epsilon)),
             tf.summary.create_file_writer(os.path.join(root_dir, "eval")), eval_interval,
-            stop_at_return=stop_at_eval_return, print_fn=print_fn,
-            solved=solved) if num_eval_episodes else None
+            stop_at_return=stop_at_eval_return, print_fn=print_fn, solved=solved,
+            policy_name="greedy policy" if eval_epsilon is None else
+            f"epsilon-greedy policy ({eval_epsilon:g})") if num_eval_episodes else None
         hooks = [OperativeConfigHook(root_dir), SummaryHook(summary_interval), evaluation,
                  CheckpointHook(checkpointer, checkpoint_interval,
                                 replay=replayer if hasattr(replayer, "checkpoint") else None),

@@ -41,6 +41,8 @@ def test_short_breakout_run_reaches_the_learner_and_evaluates(tmp_path):
     assert ("stopped (num_env_steps) at iteration 6, train step 160, env steps 768"
             in proc.stdout), proc.stdout[-3000:]
     assert "A.L.E" not in proc.stdout + proc.stderr   # the emulator's banner is silenced
+    assert ("eval at train step 64" in proc.stdout and
+            "epsilon-greedy policy (0.001) AverageReturn" in proc.stdout), proc.stdout[-3000:]
 
     train = read_scalars(str(tmp_path / "train"))
     losses = [v for _, v in train["Learner/loss"]]

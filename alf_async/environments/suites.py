@@ -27,9 +27,10 @@ import threading
 import gin
 from tf_agents.environments import tf_py_environment
 
-# Imported here so that gin files can bind `suite_atari.*` before a game
-# loads; it imports ale-py and gymnasium only when one does.
-from alf_async.environments import suite_atari
+# Imported here so that gin files can bind `suite_atari.*` and
+# `suite_envpool.*` before a game loads; they import ale-py, gymnasium and
+# envpool only when one does.
+from alf_async.environments import suite_atari, suite_envpool
 
 _SUITES = {}
 
@@ -89,8 +90,6 @@ register_suite("suite_atari", _load_atari)
 
 
 def _load_envpool(env_name, batch_size, seed, **kwargs):
-    # envpool is the 'envpool' extra: imported on use.
-    from alf_async.environments import suite_envpool
     return suite_envpool.load(env_name, batch_size, seed, **kwargs)
 
 

@@ -82,7 +82,8 @@ class EvaluationHook(Hook):
     `Metrics/AverageEpisodeLength` and `Metrics_vs_EnvironmentSteps/
     AverageReturn` to `writer`, prints a line, and stops the learner
     ('stop_at_eval_return') once an average return reaches `stop_at_return`,
-    noting that evaluation in `solved` (a `SolvedRecord`) if given.
+    noting that evaluation in `solved` (a `SolvedRecord`) if given. Its
+    lines name the policy evaluated as `policy_name`.
 
     Attributes:
         evaluations: [(seconds since the loop started, train step, env
@@ -92,8 +93,9 @@ class EvaluationHook(Hook):
     """
 
     def __init__(self, evaluator, writer, interval, stop_at_return=None, print_fn=print,
-                 solved=None):
+                 solved=None, policy_name="greedy policy"):
         self._evaluator = evaluator
+        self._policy_name = policy_name
         self._solved = solved
         self._writer = writer
         self._interval = interval
@@ -125,7 +127,7 @@ class EvaluationHook(Hook):
             tf.summary.scalar("Metrics_vs_EnvironmentSteps/AverageReturn", average_return,
                               step=env_steps)
         self._print(f"[alf_async] eval at train step {step} ({secs:.1f} s, {env_steps} env "
-                    f"steps): greedy policy AverageReturn {average_return:.1f} over "
+                    f"steps): {self._policy_name} AverageReturn {average_return:.1f} over "
                     f"{self._evaluator.num_episodes} episodes, AverageEpisodeLength "
                     f"{average_length:.1f}")
         if (self._stop_at_return is not None and self.solved_secs is None and
