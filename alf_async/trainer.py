@@ -47,7 +47,7 @@ from tf_agents.policies import epsilon_greedy_policy, greedy_policy
 from tf_agents.utils import common
 
 from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
-from alf_async.learning import replayers
+from alf_async.learning import pixel_replayer, replayers  # pixel_replayer: registers @PixelReplayer
 from alf_async import resume
 from alf_async.serving import job
 from alf_async.driver import AsyncOffPolicyDriver
@@ -203,7 +203,8 @@ def train(root_dir,
             the driver's env constructor (`suites.make_env_constructor`,
             `make_subprocess_env_constructor`, `make_ray_env_constructor`).
         replayer_fn: callable(data_spec, num_rows) -> replayer
-            (`replayers.UniformReplayer`, `replayers.OneTimeReplayer`,
+            (`replayers.UniformReplayer`, `pixel_replayer.PixelReplayer`,
+            `replayers.OneTimeReplayer`,
             `reverb_replayer.ReverbReplayer`: also given
             checkpoint_dir=root_dir/replay, checkpointed with the agent,
             its rate limiter checked against this schedule, closed at exit).

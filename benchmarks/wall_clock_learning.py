@@ -1,9 +1,22 @@
-"""SAC on MuJoCo against the wall clock: alf_async's trainer vs tf-agents' synchronous loop.
+"""Learning against the wall clock: alf_async's trainer vs tf-agents' synchronous loop,
+SAC on MuJoCo and DQN on Atari Breakout.
 
     python benchmarks/wall_clock_learning.py --task HalfCheetah-v5 --seeds 0 1 2 \
         --minutes 15 --eval_every_steps 10000 --out_dir runs/wall_clock
+    python benchmarks/wall_clock_learning.py --task Breakout-v5 --seeds 0 --minutes 30 \
+        --eval_every_steps 5000 --report_minutes 10 20 30 --out_dir runs/wall_clock
 
-Needs pip install -e '.[bench]' (MuJoCo and matplotlib).
+Needs pip install -e '.[bench]' (MuJoCo and matplotlib) and, for Breakout,
+'.[atari]' ('Breakout-v5': gin_configs/dqn_breakout.gin) or '.[envpool]'
+('Breakout-v5-envpool': gin_configs/dqn_breakout_envpool.gin).
+
+Breakout: both sides build the gin file's DQN agent (Nature CNN, RMSprop,
+rewards clipped for training only), step the same environments
+(`suites.load` of the gin's suite, 16 games), keep the same PixelReplayer
+(1M steps) and train a step of 32 per 4 env steps; the evaluation is
+epsilon-greedy with the gin's `train.eval_epsilon` (Dopamine's 0.001) and
+reports game scores. Rows add frames (4 per env step) and the run's peak
+resident memory.
 
 Both sides read the task's gin file (gin_configs/sac_halfcheetah.gin,
 gin_configs/sac_hopper.gin): the same agent (agents.sac_agent: 256x256 actor
@@ -70,7 +83,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN_FILES = {
     "HalfCheetah-v5": os.path.join(REPO, "gin_configs", "sac_halfcheetah.gin"),
     "Hopper-v5": os.path.join(REPO, "gin_configs", "sac_hopper.gin"),
+    "Breakout-v5": os.path.join(REPO, "gin_configs", "dqn_breakout.gin"),
+    "Breakout-v5-envpool": os.path.join(REPO, "gin_configs", "dqn_breakout_envpool.gin"),
 }
+# Atari tasks: DQN on pixels, scores of whole games, a frame is a quarter agent step.
+ATARI = ("Breakout-v5", "Breakout-v5-envpool")
+FRAMES_PER_STEP = 4
+
+
+def _algorithm(task):
+    return "DQN" if task in ATARI else "SAC"
+
+
+def _peak_rss_mb():
+    """This process's peak resident memory (VmHWM), in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 SIDES = ("alf_async", "tf_agents")
 
 
@@ -144,23 +175,16 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     # The loop ends at the end of the iteration in which the timer fired.
     loop_secs = timer_start + seconds - loop_start
 
+    peak_rss_mb = _peak_rss_mb()
     # The raw rate: a fresh agent of the same gin config, a replayer of random steps.
     q = gin.query_parameter
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1)
-    agent = agents.sac_agent(env.time_step_spec(), env.action_spec(),
-                             tf.Variable(0, dtype=tf.int64))
+    agent = _agent(env, tf.Variable(0, dtype=tf.int64))
     env.close()
     num_rows = q("train.num_envs") * q("train.env_batch_size")
-    replayer = replayers.UniformReplayer(agent.collect_data_spec, num_rows, capacity_per_row=1000)
-    exp = tensor_spec.sample_spec_nest(agent.collect_data_spec, outer_dims=(num_rows, 1000),
-                                       seed=seed)
-    exp = exp._replace(step_type=tf.ones_like(exp.step_type),
-                       next_step_type=tf.ones_like(exp.next_step_type),
-                       discount=tf.ones_like(exp.discount),
-                       reward=tf.random.normal(tf.shape(exp.reward)),
-                       observation=tf.random.normal(tf.shape(exp.observation),
-                                                    dtype=exp.observation.dtype))
-    replayer(exp, np.arange(num_rows, dtype=np.int32))
+    replayer = _replayer_class(agent)(agent.collect_data_spec, num_rows, capacity_per_row=1000)
+    replayer(_random_experience(agent.collect_data_spec, num_rows, 1000, seed),
+             np.arange(num_rows, dtype=np.int32))
     steps_per_call = q("train.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
                       sample_batch_size=q("train.sample_batch_size"))
@@ -172,31 +196,106 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     raw = _raw_rate(train_calls, steps_per_call, raw_secs)
     return dict(evaluations=evaluations, env_steps=result.env_steps,
                 train_steps=result.global_step, loop_secs=loop_secs,
-                eval_secs=sum(end - start for start, end in eval_times), raw_rate=raw)
+                eval_secs=sum(end - start for start, end in eval_times), raw_rate=raw,
+                peak_rss_mb=peak_rss_mb)
+
+
+def _agent(env, global_step):
+    """The gin-configured agent of the task (DQN for Atari, SAC for MuJoCo)."""
+    import gin
+
+    from alf_async.learning import agents
+    agent_fn = agents.dqn_agent if "dqn_agent" in str(
+        gin.query_parameter("train.agent_fn")) else agents.sac_agent
+    return agent_fn(env.time_step_spec(), env.action_spec(), global_step)
+
+
+def _replayer_class(agent):
+    """PixelReplayer for image stacks (as the Atari gin files bind), else UniformReplayer."""
+    import tensorflow as tf
+
+    from alf_async.learning import pixel_replayer, replayers
+    obs = agent.collect_data_spec.observation
+    return (pixel_replayer.PixelReplayer if getattr(obs, "dtype", None) == tf.uint8
+            else replayers.UniformReplayer)
+
+
+def _random_experience(data_spec, num_rows, steps, seed):
+    """[num_rows, steps] random mid-episode steps of `data_spec`; image stacks
+    (uint8 [H, W, S]) are random frames stacked as an environment stacks them,
+    from a FIRST step whose older channels repeat its frame."""
+    import numpy as np
+    import tensorflow as tf
+    from tf_agents.specs import tensor_spec
+    exp = tensor_spec.sample_spec_nest(data_spec, outer_dims=(num_rows, steps), seed=seed)
+    exp = exp._replace(step_type=tf.ones_like(exp.step_type),
+                       next_step_type=tf.ones_like(exp.next_step_type),
+                       discount=tf.ones_like(exp.discount),
+                       reward=tf.random.normal(tf.shape(exp.reward)))
+    spec = data_spec.observation
+    if spec.dtype != tf.uint8:
+        return exp._replace(observation=tf.random.normal(tf.shape(exp.observation),
+                                                         dtype=spec.dtype))
+    h, w, s = spec.shape.as_list()
+    frames = np.random.default_rng(seed).integers(0, 256, (num_rows, steps, h, w),
+                                                   dtype=np.uint8)
+    padded = np.concatenate([np.repeat(frames[:, :1], s - 1, axis=1), frames], axis=1)
+    stacks = np.stack([padded[:, k:k + steps] for k in range(s)], axis=-1)
+    step_type = np.ones((num_rows, steps), np.int32)
+    step_type[:, 0] = 0  # FIRST
+    return exp._replace(observation=tf.constant(stacks),
+                        step_type=tf.constant(step_type, dtype=exp.step_type.dtype))
 
 
 def _sync_envs(sync_env, suite, env_name, num_rows, seed):
     from tf_agents.environments import batched_py_environment, tf_py_environment
 
     from alf_async.environments import suites, suite_gymnasium
-    if sync_env == "gymnasium":
+    if sync_env == "gymnasium" and suite == "suite_gymnasium":
         py_envs = [suite_gymnasium.load(env_name, seed=seed + i) for i in range(num_rows)]
         return tf_py_environment.TFPyEnvironment(
             batched_py_environment.BatchedPyEnvironment(py_envs, multithreading=False))
+    # Atari (suite_atari, suite_envpool): the same environment layer on both sides.
     return suites.load(suite, env_name, batch_size=num_rows, seed=seed)
 
 
-def run_tf_agents(seed, seconds, sync_env, raw_secs):
-    """tf-agents' synchronous SAC loop with the same gin-configured agent and
-    settings; then its train step's raw rate on its own buffer."""
+def _query(name, default):
     import gin
+    try:
+        return gin.query_parameter(name)
+    except ValueError:  # not bound: train()'s default
+        return default
+
+
+def _eval_policy(agent):
+    """What train() evaluates: train.greedy_eval and train.eval_epsilon as bound."""
+    from tf_agents.policies import epsilon_greedy_policy, greedy_policy
+    policy = (greedy_policy.GreedyPolicy(agent.policy) if _query("train.greedy_eval", False)
+              else agent.policy)
+    epsilon = _query("train.eval_epsilon", None)
+    return policy if epsilon is None else epsilon_greedy_policy.EpsilonGreedyPolicy(
+        policy, epsilon=epsilon)
+
+
+def run_tf_agents(seed, seconds, sync_env, raw_secs):
+    """tf-agents' synchronous loop with the same gin-configured agent and
+    settings; then its train step's raw rate on its own replay.
+
+    SAC (MuJoCo) keeps tf-agents' TFUniformReplayBuffer and its dataset. DQN
+    on pixels trains from the same PixelReplayer as alf_async (a 1M-step
+    TFUniformReplayBuffer of whole stacks would take 28 GB): each
+    iteration's steps are staged in a TFUniformReplayBuffer of one
+    iteration, then written to the replayer, and a train step samples it.
+    """
+    import gin
+    import numpy as np
     import tensorflow as tf
     from tf_agents.drivers import dynamic_step_driver
-    from tf_agents.policies import greedy_policy, random_tf_policy
+    from tf_agents.policies import random_tf_policy
     from tf_agents.replay_buffers import tf_uniform_replay_buffer
     from tf_agents.utils import common
 
-    from alf_async.learning import agents, evaluation
+    from alf_async.learning import evaluation
     from alf_async.environments import suites
 
     q = gin.query_parameter
@@ -207,46 +306,83 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
     train_steps = q("train.train_steps_per_iteration")
     eval_interval = q("train.eval_interval")
     initial_collect_steps = q("train.initial_collect_steps")
+    batch = q("train.sample_batch_size")
 
     tf.random.set_seed(seed)
     env = _sync_envs(sync_env, suite, env_name, num_rows, seed)
     eval_env = suites.load(suite, env_name, batch_size=q("train.num_eval_episodes"),
                            seed=seed + 1000003)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
-    agent = agents.sac_agent(env.time_step_spec(), env.action_spec(), global_step)
+    agent = _agent(env, global_step)
     agent.initialize()
-    buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
-        agent.collect_data_spec, batch_size=num_rows,
-        max_length=q("UniformReplayer.capacity_per_row"))
+    replayer_class = _replayer_class(agent)
+    pixels = replayer_class.__name__ == "PixelReplayer"
+    if pixels:
+        replayer = replayer_class(agent.collect_data_spec, num_rows,
+                                  capacity_per_row=q("PixelReplayer.capacity_per_row"))
+        # DynamicStepDriver does not count the LAST -> FIRST steps, so an
+        # iteration may take a few more than steps_per_iteration / rows per
+        # row: room for 4x, and a check that none was overwritten.
+        staging = 4 * (steps_per_iteration // num_rows)
+        buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
+            agent.collect_data_spec, batch_size=num_rows, max_length=staging)
+        row_ids = np.arange(num_rows, dtype=np.int32)
+        added = tf.Variable(0, dtype=tf.int64)   # batches added since the last flush
+        observers = [buffer.add_batch, lambda _: added.assign_add(1)]
+
+        def flush():  # the iteration's [rows, T] steps into the replayer
+            if int(added) > staging:
+                raise RuntimeError("an iteration overflowed the staging buffer")
+            replayer(buffer.gather_all(), row_ids)
+            buffer.clear()
+            added.assign(0)
+    else:
+        buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
+            agent.collect_data_spec, batch_size=num_rows,
+            max_length=q("UniformReplayer.capacity_per_row"))
+        observers = [buffer.add_batch]
+
+        def flush():
+            pass
     random_policy = random_tf_policy.RandomTFPolicy(env.time_step_spec(), env.action_spec())
     # Initial collection in whole iterations, like the alf_async learner counts it.
     initial_iterations = -(-initial_collect_steps // steps_per_iteration)
     initial_collect = common.function(dynamic_step_driver.DynamicStepDriver(
-        env, random_policy, observers=[buffer.add_batch],
-        num_steps=initial_iterations * steps_per_iteration).run)
+        env, random_policy, observers=observers, num_steps=steps_per_iteration).run)
     collect = common.function(dynamic_step_driver.DynamicStepDriver(
-        env, agent.collect_policy, observers=[buffer.add_batch],
-        num_steps=steps_per_iteration).run)
-    dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("train.sample_batch_size"),
-                                num_steps=agent.train_sequence_length).prefetch(3)
-    evaluator = evaluation.Evaluator(eval_env, greedy_policy.GreedyPolicy(agent.policy))
+        env, agent.collect_policy, observers=observers, num_steps=steps_per_iteration).run)
+    evaluator = evaluation.Evaluator(eval_env, _eval_policy(agent))
+    if pixels:
+        def train_step_graph():
+            return agent.train(replayer.sample(batch, agent.train_sequence_length))
 
-    def train_step_graph(experience):
-        return agent.train(experience)
+        one_train_step = common.function(train_step_graph)
+    else:
+        dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=batch,
+                                    num_steps=agent.train_sequence_length).prefetch(3)
+        train_step = common.function(agent.train)
+        iterator = None
 
-    train_step = common.function(train_step_graph)
+        def one_train_step():
+            nonlocal iterator
+            iterator = iterator or iter(dataset)
+            experience, _ = next(iterator)
+            return train_step(experience)
+
     evaluations, eval_secs = [], 0.0
     start = time.monotonic()
-    time_step, policy_state = initial_collect()
+    time_step, policy_state = None, None
+    for _ in range(initial_iterations):
+        time_step, policy_state = initial_collect(time_step, policy_state)
+        flush()
     env_steps = initial_iterations * steps_per_iteration
-    iterator = iter(dataset)
     while time.monotonic() - start < seconds:
         time_step, policy_state = collect(time_step, policy_state)
+        flush()
         env_steps += steps_per_iteration
         before = int(global_step)
         for _ in range(train_steps):
-            experience, _ = next(iterator)
-            train_step(experience)
+            one_train_step()
         after = int(global_step)
         if after // eval_interval > before // eval_interval:
             t = time.monotonic()
@@ -255,17 +391,17 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
             evaluations.append((t - start, env_steps, after, average_return))
     loop_secs = time.monotonic() - start
     train_steps_reached = int(global_step)
+    peak_rss_mb = _peak_rss_mb()
 
     def train_calls(k):
         for _ in range(k * train_steps):
-            experience, _ = next(iterator)
-            train_step(experience)
+            one_train_step()
 
     raw = _raw_rate(train_calls, train_steps, raw_secs)
     env.close()
     eval_env.close()
     return dict(evaluations=evaluations, env_steps=env_steps, train_steps=train_steps_reached,
-                loop_secs=loop_secs, eval_secs=eval_secs, raw_rate=raw)
+                loop_secs=loop_secs, eval_secs=eval_secs, raw_rate=raw, peak_rss_mb=peak_rss_mb)
 
 
 def one_run(args):
@@ -323,12 +459,15 @@ def duty_cycle(record):
 
 
 def print_table(task, records, report_minutes, budget_secs):
-    print(f"\nSAC {task}: eval return (greedy) against wall-clock time, "
+    atari = task in ATARI
+    what = "game score (epsilon-greedy evaluation)" if atari else "eval return (greedy)"
+    print(f"\n{_algorithm(task)} {task}: {what} against wall-clock time, "
           f"{budget_secs / 60:g} min per run")
     header = (f"{'side':10s} {'seed':>4s} " +
               " ".join(f"{'R@' + format(m, 'g') + 'min':>9s}" for m in report_minutes) +
-              f" {'env steps':>10s} {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
-              f" {'duty':>5s} {'eval s':>7s} {'to sync final':>14s}")
+              f" {'env steps':>10s}" + (f" {'frames':>10s}" if atari else "") +
+              f" {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
+              f" {'duty':>5s} {'eval s':>7s} {'RSS GB':>6s} {'to sync final':>14s}")
     print(header)
     print("-" * len(header))
     for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -345,10 +484,12 @@ def print_table(task, records, report_minutes, budget_secs):
             reach = "not reached" if t is None else f"{t / budget_secs:.2f} of budget"
         train_rate = record["train_steps"] / max(record["loop_secs"] - record["eval_secs"],
                                                  1e-9)
+        frames = f" {record['env_steps'] * FRAMES_PER_STEP:10d}" if atari else ""
+        rss = record.get("peak_rss_mb", float("nan")) / 1024
         print(f"{side:10s} {seed:4d} " + " ".join(cells) +
-              f" {record['env_steps']:10d} {record['train_steps']:11d} {train_rate:8.1f}"
+              f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate:8.1f}"
               f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
-              f" {record['eval_secs']:7.1f} {reach:>14s}")
+              f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
 
 
 def plot(task, records, path):
@@ -372,8 +513,8 @@ def plot(task, records, path):
         ax.plot(xs, ys, marker="o", markersize=3, label=label, **styles[side])
         ax.annotate(f"seed {seed}", (xs[-1], ys[-1]), fontsize=7, color=styles[side]["color"])
     ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
-    ax.set_ylabel("greedy eval return")
-    ax.set_title(f"SAC {task}: eval return vs wall-clock time")
+    ax.set_ylabel("game score (eval epsilon)" if task in ATARI else "greedy eval return")
+    ax.set_title(f"{_algorithm(task)} {task}: evaluation vs wall-clock time")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -416,7 +557,7 @@ def main():
             return 2
         return report(args, records, args.minutes * 60.0)
     records = {}
-    print(f"SAC {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
+    print(f"{_algorithm(args.task)} {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
           f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}"
           + "".join(f"; {b}" for b in args.gin_bindings), flush=True)
     for seed in args.seeds:

@@ -75,10 +75,10 @@ def main(argv=None):
     quiet.quiet(verbose=args.verbose)
     import gin  # pylint: disable=import-outside-toplevel
     from alf_async.distributed import collector  # pylint: disable=import-outside-toplevel
-    from alf_async.learning import pixel_replayer, replayers  # pylint: disable=import-outside-toplevel
+    from alf_async.learning import replayers  # pylint: disable=import-outside-toplevel
     from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
     from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
-    del pixel_replayer, replayers, suites  # imported for their gin registrations only
+    del replayers, suites  # imported for their gin registrations only
     try:
         # Unknown configurables of the learner's file (train.*) are the learner's.
         gin.parse_config_files_and_bindings(args.gin_file, args.gin_param,

@@ -268,10 +268,10 @@ def _run(args, training):
     with interrupt_after_start_up() as check_interrupted:
         # Imported only now: --help and the checks above need no TensorFlow.
         # They register every configurable the gin files name.
-        from alf_async.learning import pixel_replayer, replayers  # pylint: disable=import-outside-toplevel
+        from alf_async.learning import replayers  # pylint: disable=import-outside-toplevel
         from alf_async import trainer  # pylint: disable=import-outside-toplevel
         from alf_async.environments import suites  # pylint: disable=import-outside-toplevel
-        del pixel_replayer, replayers, suites  # imported for their gin registrations only
+        del replayers, suites  # imported for their gin registrations only
         check_interrupted()
         try:  # registers ReverbReplayer, replay_table and the learner role's knobs
             # (collect.*, LearnerServer.*, launch_collectors.*, VariablePushHook.*) with
