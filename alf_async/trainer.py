@@ -117,6 +117,9 @@ def _check_args(**args):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
+    if args["eval_env_kwargs"] is not None and not isinstance(args["eval_env_kwargs"], dict):
+        raise ConfigError(f"train.eval_env_kwargs must be None or a dict of suites.load "
+                          f"arguments, got {args['eval_env_kwargs']!r}")
     value = args["eval_epsilon"]
     if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
                               or not 0 <= value <= 1):
@@ -189,6 +192,7 @@ def train(root_dir,
           random_initial_collect=False,
           greedy_eval=False,
           eval_epsilon=None,
+          eval_env_kwargs=None,
           num_collectors=0,
           collector_launcher="local"):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
@@ -250,6 +254,10 @@ def train(root_dir,
             published Atari evaluations do (0.001 in Dopamine, 0.05 in Mnih
             et al. 2015): a fully greedy Breakout agent may never serve the
             ball again. None: no random actions.
+        eval_env_kwargs: more keyword arguments of `suites.load` for the
+            evaluation environments only (e.g. Mnih et al. 2015's 5-minute
+            evaluation games: {'max_num_frames_per_episode': 18000} for
+            suite_atari). None: the training environments' settings.
         num_collectors: collector processes that feed this learner through
             a Reverb server here (0, the default: this process collects
             itself). With K > 0 this process only learns and evaluates
@@ -283,7 +291,8 @@ def train(root_dir,
                        num_envs, env_batch_size, num_actor_queues, actor_queue_cap,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed,
                        random_initial_collect, num_collectors, collector_launcher,
-                       train_steps_per_iteration * sample_batch_size, print_fn)
+                       train_steps_per_iteration * sample_batch_size, print_fn,
+                       eval_env_kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -364,7 +373,8 @@ def _close(replayer):
 def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_fn, num_envs,
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
-           collector_launcher="local", samples_per_iteration=None, print_fn=None):
+           collector_launcher="local", samples_per_iteration=None, print_fn=None,
+           eval_env_kwargs=None):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume). With `num_collectors` the driver is
@@ -375,7 +385,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
     # The specs come from the evaluation environment.
     eval_seed = None if seed is None else seed + 1000003
     eval_env = suites.load(suite, env_name, batch_size=max(1, num_eval_episodes or 0),
-                           seed=eval_seed)
+                           seed=eval_seed, **(eval_env_kwargs or {}))
     replayer = None
     env_constructor = None
     try:

@@ -14,8 +14,9 @@ Breakout: both sides build the gin file's DQN agent (Nature CNN, RMSprop,
 rewards clipped for training only), step the same environments
 (`suites.load` of the gin's suite, 16 games), keep the same PixelReplayer
 (1M steps) and train a step of 32 per 4 env steps; the evaluation is
-epsilon-greedy with the gin's `train.eval_epsilon` (Dopamine's 0.001) and
-reports game scores. Rows add frames (4 per env step) and the run's peak
+epsilon-greedy with the gin's `train.eval_epsilon` on games of at most
+`train.eval_env_kwargs` frames (Mnih et al. 2015's protocol: 0.05, 5
+minutes) and reports game scores. Rows add frames (4 per env step) and the run's peak
 resident memory.
 
 Both sides read the task's gin file (gin_configs/sac_halfcheetah.gin,
@@ -311,7 +312,7 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
     tf.random.set_seed(seed)
     env = _sync_envs(sync_env, suite, env_name, num_rows, seed)
     eval_env = suites.load(suite, env_name, batch_size=q("train.num_eval_episodes"),
-                           seed=seed + 1000003)
+                           seed=seed + 1000003, **(_query("train.eval_env_kwargs", None) or {}))
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     agent = _agent(env, global_step)
     agent.initialize()
