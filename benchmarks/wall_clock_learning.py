@@ -3,8 +3,8 @@ SAC on MuJoCo and DQN on Atari Breakout.
 
     python benchmarks/wall_clock_learning.py --task HalfCheetah-v5 --seeds 0 1 2 \
         --minutes 15 --eval_every_steps 10000 --out_dir runs/wall_clock
-    python benchmarks/wall_clock_learning.py --task Breakout-v5 --seeds 0 --minutes 30 \
-        --eval_every_steps 5000 --report_minutes 10 20 30 --out_dir runs/wall_clock
+    python benchmarks/wall_clock_learning.py --task Breakout-v5 --seeds 0 1 2 --minutes 30 \
+        --eval_every_steps 4000 --report_minutes 10 20 30 --out_dir runs/wall_clock
 
 Needs pip install -e '.[bench]' (MuJoCo and matplotlib) and, for Breakout,
 '.[atari]' ('Breakout-v5': gin_configs/dqn_breakout.gin) or '.[envpool]'
@@ -19,17 +19,12 @@ epsilon-greedy with the gin's `train.eval_epsilon` on games of at most
 minutes) and reports game scores. Rows add frames (4 per env step) and the run's peak
 resident memory.
 
-Both sides read the task's gin file (gin_configs/sac_halfcheetah.gin,
-gin_configs/sac_hopper.gin): the same agent (agents.sac_agent: 256x256 actor
-and critics, Adam 3e-4, SacAgent's gamma, tau, target entropy), the same
-environments per iteration (train.num_envs * env_batch_size * unroll_length
-env steps), the same train steps per iteration (the replay ratio: a train
-step per env step), sample batch size, replay capacity, initial random
-collection, and the same evaluation (evaluation.Evaluator over the greedy
-policy, `GreedyPolicy(agent.policy)`, one episode on each of
-train.num_eval_episodes environments, every --eval_every_steps train steps;
-at a train step per env step that is every --eval_every_steps env steps
-after the random ones).
+MuJoCo: both sides read the task's gin file (sac_halfcheetah.gin,
+sac_hopper.gin): the same SAC agent, environments and train steps per
+iteration (a train step per env step), sample batch size, replay capacity,
+initial random collection, and the same greedy evaluation
+(evaluation.Evaluator over `GreedyPolicy(agent.policy)`, one episode on each
+of train.num_eval_episodes environments, every --eval_every_steps train steps).
 
 - alf_async: `alf_async.trainer.train()` (the AsyncOffPolicyDriver collects
   while the learner trains), stopped by a timer after --minutes.
@@ -59,16 +54,10 @@ the learner's physical limit; the learner duty cycle is
 so a learner never starved by collection scores ~1 (evaluation time is
 measured on both sides and taken out).
 
-It prints a table (eval return at --report_minutes, env and train steps
-reached, train steps/s, raw rate, duty cycle, evaluation seconds; per seed
-the time alf_async took to reach the tf-agents run's final return) and writes
-wall_clock_<task>.png (eval return against wall-clock minutes, both sides,
-every seed) and wall_clock_<task>.json to --out_dir.
-
-`--gin_bindings 'SacAgent.reward_scale_factor = 0.1' ...` adds bindings after
-the task's gin file, on both sides. `--from_json A.json B.json` runs nothing:
-it merges the runs of earlier invocations (e.g. one seed each) into one table
-and picture, refusing runs whose parsed gin configs differ.
+What it prints and draws: benchmarks/README.md; the flags: --help.
+`--from_json` merges earlier invocations (one seed each, say) and refuses
+runs whose parsed gin configs differ; `--sides alf_async` runs one side only
+(to set dqn_breakout.gin against dqn_breakout_envpool.gin, say).
 """
 
 import argparse
@@ -533,6 +522,9 @@ def main():
     parser.add_argument("--out_dir", default="/tmp/alf_async_wall_clock")
     parser.add_argument("--report_minutes", type=float, nargs="+", default=[5, 10, 15])
     parser.add_argument("--sync_env", choices=["gymnasium", "gym_batch"], default="gymnasium")
+    parser.add_argument("--sides", choices=SIDES, nargs="+", default=list(SIDES),
+                        help="which sides to run (e.g. only alf_async, to compare two "
+                             "gin files of one task)")
     parser.add_argument("--raw_secs", type=float, default=20.0,
                         help="seconds of the raw train-step rate measurement per run")
     parser.add_argument("--gin_bindings", nargs="*", default=[],
@@ -559,10 +551,11 @@ def main():
         return report(args, records, args.minutes * 60.0)
     records = {}
     print(f"{_algorithm(args.task)} {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
-          f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}"
+          f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}, "
+          f"sides {' '.join(args.sides)}"
           + "".join(f"; {b}" for b in args.gin_bindings), flush=True)
     for seed in args.seeds:
-        for side in SIDES:
+        for side in args.sides:
             root_dir = os.path.join(args.out_dir, f"{args.task}_{side}_{seed}")
             shutil.rmtree(root_dir, ignore_errors=True)  # a left-over run would be resumed
             log_path = os.path.join(args.out_dir, f"{args.task}_{side}_{seed}.log")
