@@ -1,0 +1,148 @@
+"""The reporting half of wall_clock_learning.py: its table, picture and JSON.
+
+Records are the dicts a run prints (see wall_clock_learning.one_run), keyed
+here by (side, seed). Nothing here runs TensorFlow.
+"""
+
+import json
+import os
+import statistics
+
+SIDES = ("alf_async", "tf_agents")
+
+# Atari tasks: DQN on pixels, scores of whole games, a frame is a quarter agent step.
+ATARI = ("Breakout-v5", "Breakout-v5-envpool")
+FRAMES_PER_STEP = 4
+
+
+def algorithm(task):
+    return "DQN" if task in ATARI else "SAC"
+
+
+def return_at(evaluations, secs):
+    """The return of the last evaluation started by `secs` (None if none)."""
+    before = [r for t, _, _, r in evaluations if t <= secs]
+    return before[-1] if before else None
+
+
+def time_to_reach(evaluations, target):
+    """Seconds to the first evaluation with a return >= target (None if none)."""
+    for t, _, _, r in evaluations:
+        if r >= target:
+            return t
+    return None
+
+
+def duty_cycle(record):
+    train_secs = record["loop_secs"] - record["eval_secs"]
+    return record["train_steps"] / train_secs / record["raw_rate"]
+
+
+def print_table(task, records, report_minutes, budget_secs):
+    atari = task in ATARI
+    what = "game score (epsilon-greedy evaluation)" if atari else "eval return (greedy)"
+    print(f"\n{algorithm(task)} {task}: {what} against wall-clock time, "
+          f"{budget_secs / 60:g} min per run")
+    header = (f"{'side':10s} {'seed':>4s} " +
+              " ".join(f"{'R@' + format(m, 'g') + 'min':>9s}" for m in report_minutes) +
+              f" {'env steps':>10s}" + (f" {'frames':>10s}" if atari else "") +
+              f" {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
+              f" {'duty':>5s} {'eval s':>7s} {'RSS GB':>6s} {'to sync final':>14s}")
+    print(header)
+    print("-" * len(header))
+    for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        evaluations = record["evaluations"]
+        cells = []
+        for m in report_minutes:
+            r = return_at(evaluations, m * 60) if m * 60 <= budget_secs + 1e-6 else None
+            cells.append(f"{'-' if r is None else format(r, '.1f' if atari else '.0f'):>9s}")
+        reach = "-"
+        sync = records.get(("tf_agents", seed))
+        if side == "alf_async" and sync and sync["evaluations"]:
+            target = sync["evaluations"][-1][3]
+            t = time_to_reach(evaluations, target)
+            reach = "not reached" if t is None else f"{t / budget_secs:.2f} of budget"
+        train_rate = record["train_steps"] / max(record["loop_secs"] - record["eval_secs"],
+                                                 1e-9)
+        frames = f" {record['env_steps'] * FRAMES_PER_STEP:10d}" if atari else ""
+        rss = record.get("peak_rss_mb", float("nan")) / 1024
+        print(f"{side:10s} {seed:4d} " + " ".join(cells) +
+              f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate:8.1f}"
+              f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
+              f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
+    finals = {side: sorted(return_at(r["evaluations"], budget_secs) or 0.0
+                           for (sd, _), r in records.items() if sd == side) for side in SIDES}
+    if all(finals.values()):
+        med = {side: statistics.median(v) for side, v in finals.items()}
+        reach = [time_to_reach(r["evaluations"], med["tf_agents"])
+                 for (sd, _), r in records.items() if sd == "alf_async"]
+        print(f"median at {budget_secs / 60:g} min: alf_async {med['alf_async']:.2f}, tf_agents "
+              f"{med['tf_agents']:.2f} (ratio {med['alf_async'] / max(med['tf_agents'], 1e-9):.2f});"
+              f" alf_async runs reaching the tf_agents median, at budget fractions: "
+              f"{[None if t is None else round(t / budget_secs, 2) for t in reach]}")
+        steps = {side: statistics.median(r["train_steps"] for (sd, _), r in records.items()
+                                         if sd == side) for side in SIDES}
+        print(f"median train steps: alf_async {steps['alf_async']:.0f}, tf_agents "
+              f"{steps['tf_agents']:.0f} (ratio {steps['alf_async'] / steps['tf_agents']:.2f})")
+
+
+def plot(task, records, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"alf_async": dict(color="tab:blue", linestyle="-"),
+              "tf_agents": dict(color="tab:orange", linestyle="--")}
+    labelled = set()
+    for (side, seed), record in sorted(records.items()):
+        evaluations = record["evaluations"]
+        if not evaluations:
+            continue
+        xs = [t / 60 for t, _, _, _ in evaluations]
+        ys = [r for _, _, _, r in evaluations]
+        label = None if side in labelled else {
+            "alf_async": "alf_async (async trainer)",
+            "tf_agents": "tf-agents synchronous loop"}[side]
+        labelled.add(side)
+        ax.plot(xs, ys, marker="o", markersize=3, label=label, **styles[side])
+        ax.annotate(f"seed {seed}", (xs[-1], ys[-1]), fontsize=7, color=styles[side]["color"])
+    ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
+    ax.set_ylabel("game score (eval epsilon)" if task in ATARI else "greedy eval return")
+    ax.set_title(f"{algorithm(task)} {task}: evaluation vs wall-clock time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(task, records, report_minutes, budget, out_dir):
+    """Prints the table, draws the picture and writes the JSON of `records`."""
+    print_table(task, records, report_minutes, budget)
+    png = os.path.join(out_dir, f"wall_clock_{task}.png")
+    plot(task, records, png)
+    with open(os.path.join(out_dir, f"wall_clock_{task}.json"), "w") as f:
+        json.dump({f"{side}_{seed}": r for (side, seed), r in records.items()}, f, indent=1)
+    print(f"\nwrote {png}")
+
+
+def load_records(paths):
+    """{(side, seed): record} from wall_clock_<task>.json files.
+
+    Raises:
+        ValueError: a run appears twice, or two runs were configured
+            differently (their parsed gin bindings differ).
+    """
+    records, configs = {}, {}
+    for path in paths:
+        with open(path) as f:
+            for key, record in json.load(f).items():
+                side, seed = key.rsplit("_", 1)
+                if (side, int(seed)) in records:
+                    raise ValueError(f"--from_json: run {key} appears twice ({path})")
+                records[(side, int(seed))] = record
+                configs.setdefault(record.get("gin_config"), path)
+    if len(configs) > 1:
+        raise ValueError(f"--from_json: {' and '.join(configs.values())} hold runs with "
+                         f"different gin configs; merge only runs of one config")
+    return records
