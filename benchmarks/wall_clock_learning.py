@@ -93,10 +93,11 @@ def _peak_rss_mb():
 # ---------------------------------------------------------------- child runs
 
 def _parse_gin(task, extra):
-    import gin
-
+    # alf-async-train's own parsing: an `include` (dqn_breakout_envpool.gin's)
+    # resolves beside the file.
     from alf_async import trainer  # noqa: F401  (registers the configurables)
-    gin.parse_config_files_and_bindings([GIN_FILES[task]], extra)
+    from alf_async.bin.train import parse_gin
+    parse_gin([GIN_FILES[task]], extra)
 
 
 def _timed_evaluator_class(log):
