@@ -93,9 +93,8 @@ def _peak_rss_mb():
 # ---------------------------------------------------------------- child runs
 
 def _parse_gin(task, extra):
-    # alf-async-train's own parsing: an `include` (dqn_breakout_envpool.gin's)
-    # resolves beside the file.
-    from alf_async import trainer  # noqa: F401  (registers the configurables)
+    # alf-async-train's own parsing (it imports the trainer, which registers the
+    # configurables): an `include` (dqn_breakout_envpool.gin's) resolves beside the file.
     from alf_async.bin.train import parse_gin
     parse_gin([GIN_FILES[task]], extra)
 

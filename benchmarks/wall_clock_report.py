@@ -38,9 +38,13 @@ def time_to_reach(evaluations, target):
     return None
 
 
+def train_rate(record):
+    """Train steps per second outside evaluations."""
+    return record["train_steps"] / max(record["loop_secs"] - record["eval_secs"], 1e-9)
+
+
 def duty_cycle(record):
-    train_secs = record["loop_secs"] - record["eval_secs"]
-    return record["train_steps"] / train_secs / record["raw_rate"]
+    return train_rate(record) / record["raw_rate"]
 
 
 def print_table(task, records, report_minutes, budget_secs):
@@ -67,24 +71,22 @@ def print_table(task, records, report_minutes, budget_secs):
             target = sync["evaluations"][-1][3]
             t = time_to_reach(evaluations, target)
             reach = "not reached" if t is None else f"{t / budget_secs:.2f} of budget"
-        train_rate = record["train_steps"] / max(record["loop_secs"] - record["eval_secs"],
-                                                 1e-9)
         frames = f" {record['env_steps'] * FRAMES_PER_STEP:10d}" if atari else ""
         rss = record.get("peak_rss_mb", float("nan")) / 1024
         print(f"{side:10s} {seed:4d} " + " ".join(cells) +
-              f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate:8.1f}"
+              f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate(record):8.1f}"
               f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
               f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
     finals = {side: sorted(return_at(r["evaluations"], budget_secs) or 0.0
                            for (sd, _), r in records.items() if sd == side) for side in SIDES}
     if all(finals.values()):
         med = {side: statistics.median(v) for side, v in finals.items()}
-        reach = [time_to_reach(r["evaluations"], med["tf_agents"])
-                 for (sd, _), r in records.items() if sd == "alf_async"]
+        reach_secs = [time_to_reach(r["evaluations"], med["tf_agents"])
+                      for (sd, _), r in records.items() if sd == "alf_async"]
         print(f"median at {budget_secs / 60:g} min: alf_async {med['alf_async']:.2f}, tf_agents "
               f"{med['tf_agents']:.2f} (ratio {med['alf_async'] / max(med['tf_agents'], 1e-9):.2f});"
               f" alf_async runs reaching the tf_agents median, at budget fractions: "
-              f"{[None if t is None else round(t / budget_secs, 2) for t in reach]}")
+              f"{[None if t is None else round(t / budget_secs, 2) for t in reach_secs]}")
         steps = {side: statistics.median(r["train_steps"] for (sd, _), r in records.items()
                                          if sd == side) for side in SIDES}
         print(f"median train steps: alf_async {steps['alf_async']:.0f}, tf_agents "
