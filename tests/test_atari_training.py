@@ -4,17 +4,12 @@ provably reaches the learner (finite losses in the training summaries, two
 epsilon-greedy evaluations written, game scores in the metrics)."""
 
 import glob
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from test_trainer import read_scalars  # tests/ is on sys.path
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-BREAKOUT_GIN = os.path.join(REPO, "gin_configs", "dqn_breakout.gin")
+from cli_runs import run_train_cli  # tests/ is on sys.path
+from test_trainer import read_scalars
 
 # Small enough for CI, the rest of the config as published: 2 x 8 games x 8
 # steps = 128 env steps and 32 train steps per iteration; training starts at
@@ -33,11 +28,7 @@ SHORT = [
 
 @pytest.mark.timeout(240)
 def test_short_breakout_run_reaches_the_learner_and_evaluates(tmp_path):
-    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
-            "--gin_file", BREAKOUT_GIN]
-    for binding in SHORT:
-        args += ["--gin_param", binding]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=230, cwd=REPO)
+    proc = run_train_cli(tmp_path, "dqn_breakout.gin", SHORT, timeout=230)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("stopped (num_env_steps) at iteration 6, train step 160, env steps 768"
             in proc.stdout), proc.stdout[-3000:]

@@ -3,19 +3,14 @@ users run it: a short HalfCheetah-v5 job that provably reaches the learner
 (finite losses in the training summaries, a greedy evaluation written)."""
 
 import glob
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mujoco", reason="needs the [mujoco] extra")
 
-from test_trainer import read_scalars  # noqa: E402  (tests/ is on sys.path)
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-HALFCHEETAH_GIN = os.path.join(REPO, "gin_configs", "sac_halfcheetah.gin")
+from cli_runs import run_train_cli  # noqa: E402  (tests/ is on sys.path)
+from test_trainer import read_scalars  # noqa: E402
 
 # Small enough for CI, the rest of the config as published: 4 envs x 4 steps
 # = 16 env steps and 16 train steps per iteration; training starts at
@@ -31,15 +26,9 @@ SHORT = [
 ]
 
 
-
-
 @pytest.mark.timeout(180)
 def test_short_halfcheetah_run_reaches_the_learner_and_evaluates(tmp_path):
-    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
-            "--gin_file", HALFCHEETAH_GIN]
-    for binding in SHORT:
-        args += ["--gin_param", binding]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=REPO)
+    proc = run_train_cli(tmp_path, "sac_halfcheetah.gin", SHORT, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("stopped (num_env_steps) at iteration 14, train step 176, env steps 224"
             in proc.stdout), proc.stdout[-3000:]

@@ -1,0 +1,23 @@
+"""Running alf-async-train as users do, in a subprocess, for the tests of the
+gin files shipped in gin_configs/."""
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+GIN_CONFIGS = os.path.join(REPO, "gin_configs")
+
+
+def run_train_cli(root_dir, gin_file, bindings, timeout):
+    """Runs `python -m alf_async.bin.train` on `gin_file` with each of
+    `bindings` as a --gin_param, from the repository's root.
+
+    Returns:
+        The finished `subprocess.CompletedProcess`, stdout and stderr as text.
+    """
+    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
+            "--gin_file", os.path.join(GIN_CONFIGS, gin_file)]
+    for binding in bindings:
+        args += ["--gin_param", binding]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO)
