@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from alf_async.environments import ExternalEnvStoppedError
 from test_external_env import (IdleEnv, ScriptedEnv, make_driver,
@@ -99,18 +100,35 @@ def test_a_close_by_another_calls_timeout_fails_it_as_it_fails_a_blocked_call():
     ext.stop()
 
 
+class ClientsOnlyEnv(IdleEnv):
+    """Its own loop does nothing: the test's calls are the clients."""
+
+    def run(self):
+        self.wait_stopped()
+
+
 def test_back_pressure_returns_none_and_changes_nothing():
-    ext = IdleEnv(max_pending_steps=2)
+    ext = ClientsOnlyEnv(max_pending_steps=2)
     eid = ext.start_episode("bp")
     ext.log_action(eid, [0, 0], 1)
     ext.log_action(eid, [0, 1], 2)   # no slot takes them: 2 steps wait
     assert ext.get_action_async(eid, [0, 2], lambda *_: None, reward=5.0) is None
     assert ext.num_pending_steps == 2
-    # Nothing was added: the blocking call (which waits for room) would add
-    # the reward itself. Its episode's reward since the last step is still 0.
-    table = ext._ExternalEnv__table   # pylint: disable=protected-access
-    assert table._episodes["bp"].cur_reward == 0.0   # pylint: disable=protected-access
-    ext.stop()
+    # Nothing was added: a slot (as the env thread steps it) takes the two
+    # steps, and the next step logged carries no reward of the refused call.
+    slot = ext.env_constructor()()
+    try:
+        first = slot.reset()
+        assert int(first.step_type) == 0 and first.observation.numpy().tolist() == [[0, 0]]
+        mid = slot.step(tf.constant([1]))
+        assert mid.observation.numpy().tolist() == [[0, 1]] and float(mid.reward) == 0.0
+        assert ext.num_pending_steps == 0
+        ext.log_action(eid, [0, 2], 3)
+        after = slot.step(tf.constant([2]))
+        assert after.observation.numpy().tolist() == [[0, 2]] and float(after.reward) == 0.0
+    finally:
+        slot.close()
+        ext.stop()
 
 
 def test_refusals_raise_at_once_and_queue_nothing():
