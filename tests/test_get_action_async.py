@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments import ExternalEnvStoppedError
 from test_external_env import (IdleEnv, ScriptedEnv, make_driver,
@@ -119,7 +120,7 @@ def test_back_pressure_returns_none_and_changes_nothing():
     slot = ext.env_constructor()()
     try:
         first = slot.reset()
-        assert int(first.step_type) == 0 and first.observation.numpy().tolist() == [[0, 0]]
+        assert int(first.step_type) == ts.StepType.FIRST and first.observation.numpy().tolist() == [[0, 0]]
         mid = slot.step(tf.constant([1]))
         assert mid.observation.numpy().tolist() == [[0, 1]] and float(mid.reward) == 0.0
         assert ext.num_pending_steps == 0
