@@ -24,6 +24,11 @@ def algorithm(task):
     return "DQN" if task in ATARI else "SAC"
 
 
+def runs_of(records, side):
+    """The records of `side`'s runs, in seed order."""
+    return [r for (sd, _), r in sorted(records.items()) if sd == side]
+
+
 def return_at(evaluations, secs):
     """The return of the last evaluation started by `secs` (None if none)."""
     before = [r for t, _, _, r in evaluations if t <= secs]
@@ -77,18 +82,18 @@ def print_table(task, records, report_minutes, budget_secs):
               f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate(record):8.1f}"
               f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
               f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
-    finals = {side: sorted(return_at(r["evaluations"], budget_secs) or 0.0
-                           for (sd, _), r in records.items() if sd == side) for side in SIDES}
+    finals = {side: [return_at(r["evaluations"], budget_secs) or 0.0
+                     for r in runs_of(records, side)] for side in SIDES}
     if all(finals.values()):
         med = {side: statistics.median(v) for side, v in finals.items()}
         reach_secs = [time_to_reach(r["evaluations"], med["tf_agents"])
-                      for (sd, _), r in records.items() if sd == "alf_async"]
+                      for r in runs_of(records, "alf_async")]
         print(f"median at {budget_secs / 60:g} min: alf_async {med['alf_async']:.2f}, tf_agents "
               f"{med['tf_agents']:.2f} (ratio {med['alf_async'] / max(med['tf_agents'], 1e-9):.2f});"
               f" alf_async runs reaching the tf_agents median, at budget fractions: "
               f"{[None if t is None else round(t / budget_secs, 2) for t in reach_secs]}")
-        steps = {side: statistics.median(r["train_steps"] for (sd, _), r in records.items()
-                                         if sd == side) for side in SIDES}
+        steps = {side: statistics.median(r["train_steps"] for r in runs_of(records, side))
+                 for side in SIDES}
         print(f"median train steps: alf_async {steps['alf_async']:.0f}, tf_agents "
               f"{steps['tf_agents']:.0f} (ratio {steps['alf_async'] / steps['tf_agents']:.2f})")
 
