@@ -9,9 +9,10 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 GIN_CONFIGS = os.path.join(REPO, "gin_configs")
 
 
-def run_train_cli(root_dir, gin_file, bindings, timeout):
-    """Runs `python -m alf_async.bin.train` on `gin_file` with each of
-    `bindings` as a --gin_param, from the repository's root.
+def run_train_cli(root_dir, gin_file, bindings, timeout, env=None):
+    """Runs `python -m alf_async.bin.train` on `gin_file` (in gin_configs/)
+    with each of `bindings` as a --gin_param, from the repository's root, in
+    `env` (None: this process's environment).
 
     Returns:
         The finished `subprocess.CompletedProcess`, stdout and stderr as text.
@@ -20,4 +21,5 @@ def run_train_cli(root_dir, gin_file, bindings, timeout):
             "--gin_file", os.path.join(GIN_CONFIGS, gin_file)]
     for binding in bindings:
         args += ["--gin_param", binding]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=env)

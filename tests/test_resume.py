@@ -9,8 +9,6 @@ on work on copies of it."""
 import glob
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,10 +20,10 @@ from alf_async.learning import agents
 
 from alf_async import resume
 
+from cli_runs import REPO, run_train_cli  # tests/ is on sys.path
+
 pytestmark = pytest.mark.timeout(180)
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-SMOKE_GIN = os.path.join(REPO, "gin_configs", "smoke.gin")
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 # 3 inter-op threads: the driver's hint about too few (2 env + 1 actor
 # threads on a 2-core machine) stays out of stderr, which must be empty.
@@ -35,11 +33,7 @@ ADAM_STEP_KEY = "agent/_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def train_cli(root_dir, *params):
-    args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
-            "--gin_file", SMOKE_GIN]
-    for param in params:
-        args += ["--gin_param", param]
-    return subprocess.run(args, capture_output=True, text=True, timeout=150, cwd=REPO, env=ENV)
+    return run_train_cli(root_dir, "smoke.gin", params, timeout=150, env=ENV)
 
 
 def listing(root_dir):
