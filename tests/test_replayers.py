@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from tf_agents.trajectories import trajectory
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.learning.replayers import OneTimeReplayer, UniformReplayer
@@ -113,8 +114,8 @@ def test_uniform_replayer_behind_the_driver_keeps_env_rows():
     assert len(set(obs[:, 0, OBS_ENV])) == num_envs * 2
 
 
-def test_one_time_replayer_trains_on_the_dequeued_batch_in_windows():
-    replayer = OneTimeReplayer()
+def test_one_time_replayer_unlinked_trains_on_the_dequeued_batch_in_windows():
+    replayer = OneTimeReplayer(link_unrolls=False)
     assert not replayer.can_sample(2)
     replayer(_unroll([3, 1], [0, 100], 5), np.array([3, 1], np.int32))
     windows = replayer.sample(num_steps=2)
@@ -130,3 +131,115 @@ def test_one_time_replayer_trains_on_the_dequeued_batch_in_windows():
     assert sorted(sample()["counter"].numpy()[:, 0]) == [12, 14]
     with pytest.raises(ValueError, match="unroll_length"):
         replayer.sample(num_steps=6)
+
+
+def _trajectory(env_ids, starts, T, first_step_type=None):
+    """Trajectory rows of T steps: observation = counter (starts[i] + t),
+    action = 10 * counter, reward = counter, all MID steps (a row may start
+    with `first_step_type[i]`)."""
+    counters = np.asarray(starts, np.int64)[:, None] + np.arange(T)[None, :]
+    step_type = np.ones(counters.shape, np.int32)
+    if first_step_type is not None:
+        step_type[:, 0] = first_step_type
+    return trajectory.Trajectory(
+        step_type=step_type, observation=counters, action=10 * counters,
+        policy_info=(), next_step_type=np.ones(counters.shape, np.int32),
+        reward=counters.astype(np.float32), discount=np.full(counters.shape, 0.5, np.float32))
+
+
+def test_one_time_replayer_links_each_rows_unrolls_by_their_shared_step():
+    replayer = OneTimeReplayer()
+    sample = tf.function(lambda: replayer.sample())
+    replayer(_trajectory([3, 1], [0, 100], 4), np.array([3, 1], np.int32))
+    exp = sample()
+    # A row's first unroll is preceded by an inert boundary: its first step
+    # marked LAST -> FIRST, reward 0, discount 1.
+    np.testing.assert_array_equal(exp.observation.numpy(), [[0, 0, 1, 2, 3],
+                                                            [100, 100, 101, 102, 103]])
+    np.testing.assert_array_equal(exp.step_type.numpy()[:, 0], [2, 2])
+    np.testing.assert_array_equal(exp.next_step_type.numpy()[:, 0], [0, 0])
+    np.testing.assert_array_equal(exp.reward.numpy()[:, 0], [0.0, 0.0])
+    np.testing.assert_array_equal(exp.discount.numpy()[:, 0], [1.0, 1.0])
+    # Next batch: row 1 twice (two consecutive unrolls, in order), row 3 absent.
+    replayer(_trajectory([1, 1], [104, 108], 4), np.array([1, 1], np.int32))
+    exp = sample()
+    np.testing.assert_array_equal(exp.observation.numpy(), [[103, 104, 105, 106, 107],
+                                                            [107, 108, 109, 110, 111]])
+    # The preceding step is the previous unroll's last, whole: its action and reward.
+    np.testing.assert_array_equal(exp.action.numpy()[:, 0], [1030, 1070])
+    np.testing.assert_array_equal(exp.reward.numpy()[:, 0], [103.0, 107.0])
+    np.testing.assert_array_equal(exp.step_type.numpy()[:, 0], [1, 1])
+    # Row 0 is new; row 3 kept its step while absent.
+    replayer(_trajectory([0, 3], [50, 4], 4), np.array([0, 3], np.int32))
+    exp = sample()
+    np.testing.assert_array_equal(exp.observation.numpy(), [[50, 50, 51, 52, 53],
+                                                            [3, 4, 5, 6, 7]])
+    np.testing.assert_array_equal(exp.step_type.numpy()[:, 0], [2, 1])
+    assert replayer.num_frames() == 2 * 5
+
+
+def test_one_time_replayer_does_not_link_an_unroll_that_starts_anew():
+    """A restarted environment's unroll starts with FIRST where the kept
+    step expected MID: the kept step is not its predecessor."""
+    replayer = OneTimeReplayer()
+    replayer(_trajectory([0], [0], 3), np.array([0], np.int32))
+    replayer(_trajectory([0], [500], 3, first_step_type=[0]), np.array([0], np.int32))
+    exp = replayer.sample()
+    np.testing.assert_array_equal(exp.observation.numpy(), [[500, 500, 501, 502]])
+    np.testing.assert_array_equal(exp.step_type.numpy()[0, :2], [2, 0])
+
+
+def test_one_time_replayer_windows_span_linked_unrolls():
+    replayer = OneTimeReplayer()
+    replayer(_trajectory([0], [0], 3), np.array([0], np.int32))
+    replayer(_trajectory([0], [3], 3), np.array([0], np.int32))
+    windows = replayer.sample(num_steps=2).observation.numpy()
+    np.testing.assert_array_equal(windows, [[2, 3], [3, 4], [4, 5]])
+
+
+def test_one_time_replayer_linking_needs_trajectories():
+    with pytest.raises(ValueError, match="link_unrolls=False"):
+        OneTimeReplayer()(_unroll([0], [0], 3), np.array([0], np.int32))
+
+
+def test_linked_unrolls_behind_the_driver_train_every_transition_once():
+    """Real driver batches of CountingEnvs (subsets of env threads, rows
+    twice in one batch): over all batches each row's trained transitions
+    (the first T of T + 1 steps, boundaries excluded) are its transitions,
+    each exactly once, in order."""
+    env_constructor = CountingEnvConstructor(batch_size=2, episode_length=lambda i: 4 + i)
+    probe = env_constructor()
+    policy = CountingPolicy(probe.time_step_spec(), probe.action_spec())
+    replayer = OneTimeReplayer(policy.trajectory_spec, num_rows=6)
+    trained = {}   # env row -> counters of the trained transitions' observations
+    next_counter = {}
+
+    def record(exp, env_ids):
+        del exp
+        linked = replayer.sample()
+        obs = linked.observation.numpy()
+        boundary = (linked.step_type.numpy() == 2) & (linked.next_step_type.numpy() == 0)
+        for i, env_id in enumerate(np.asarray(env_ids)):
+            rows = trained.setdefault(int(env_id), [])
+            for t in range(obs.shape[1] - 1):
+                if not boundary[i, t]:
+                    rows.append(int(obs[i, t, OBS_COUNTER]))
+                    # The transition's next observation is the step after it.
+                    next_counter[rows[-1]] = int(obs[i, t + 1, OBS_COUNTER])
+
+    driver = AsyncOffPolicyDriver(env_constructor, policy, num_envs=3, unroll_length=3,
+                                  learn_queue_cap=2, exp_observers=[replayer, record])
+    driver.start()
+    try:
+        for _ in range(15):
+            driver.run_async()
+    finally:
+        driver.stop()
+    assert len(trained) == 6
+    for env_id, counters in trained.items():
+        # Every step the row emitted but its last (only bootstrapped so far),
+        # once and in order; episode boundaries (LAST -> FIRST) are not
+        # transitions of the environment.
+        assert counters == sorted(set(counters)), env_id
+        assert all(next_counter[c] == c + 1 for c in counters)
+        assert len(counters) >= 3 * 3   # at least three unrolls of the row

@@ -7,8 +7,10 @@ with `sample(sample_batch_size, num_steps)` -> Trajectory [batch,
 num_steps, ...]. `sample` uses TF ops only, so the learner traces it into
 the same graph as `agent.train`.
 
-- `OneTimeReplayer`: trains on exactly the batch that was dequeued, cut into
-  the overlapping windows of `num_steps` the agent trains on.
+- `OneTimeReplayer`: trains on exactly the batch that was dequeued (each
+  row's unroll preceded by the last step of the row's previous unroll, so
+  that no transition is lost between unrolls), whole or cut into the
+  overlapping windows of `num_steps` the agent trains on.
 - `UniformReplayer`: a replay buffer with one ring per environment row;
   samples windows uniformly, never across rows or across a row's write
   cursor. Its subclass `pixel_replayer.PixelReplayer` stores each frame of
@@ -18,9 +20,13 @@ Threads: both are called by the learner's thread only (`run_async()` calls
 the observers, the learner samples); nothing blocks.
 """
 
+import types
+
 import gin
 import numpy as np
 import tensorflow as tf
+from tf_agents.trajectories import trajectory
+from tf_agents.trajectories.time_step import StepType
 
 
 def _windows(exp, num_steps):
@@ -78,31 +84,58 @@ class Replayer(tf.Module):
 
 @gin.configurable
 class OneTimeReplayer(Replayer):
-    """Keeps only the latest dequeued batch; `sample()` returns its windows.
+    """Keeps only the latest dequeued batch; `sample()` returns it (or its windows).
 
-    Windows are cut inside each row's unroll, so with unroll length T and
-    `num_steps` n a row gives T - n + 1 windows (the n - 1 transitions that
-    span two consecutive unrolls are not trained on). Calling `sample()`
-    twice trains twice on the same batch.
+    Linked unrolls (`link_unrolls=True`, the default). Each row's unroll
+    [T] is kept as [T + 1] steps: preceded by the last step of the same
+    env row's previous unroll (ALF's and IMPALA's overlap of consecutive
+    unrolls by one step). That step's transition (its action, reward and
+    the unroll's first observation as its next) is trained on here, and
+    the unroll's own last step only bootstraps (actor-critic agents train
+    on a [B, T + 1] batch's first T transitions): every transition a row
+    makes is trained on exactly once, none dropped at unroll boundaries.
+    A row's first unroll, or one that does not continue the step kept for
+    its row (the kept step's `next_step_type` is not the unroll's first
+    `step_type`: a restarted environment), is preceded by an inert
+    boundary step instead: the unroll's first step marked LAST -> FIRST,
+    reward 0, discount 1, which tf-agents' agents (and ours) mask as
+    they mask episode boundaries. Rows are told apart by env id; a row
+    may appear twice in one batch (two consecutive unrolls, in order).
+    Needs `Trajectory` experience.
+
+    With `link_unrolls=False` the batch is kept as dequeued: with unroll
+    length T and `num_steps` n a row gives T - n + 1 windows, and the n - 1
+    transitions that span two consecutive unrolls are not trained on.
+
+    Calling `sample()` twice trains twice on the same batch. The kept
+    steps are not checkpointed: a resumed run's environments start anew.
     """
 
     # Its variables are made at the first batch: `sample` cannot be traced before.
     traceable_before_data = False
 
-    def __init__(self, data_spec=None, num_rows=None, name="one_time_replayer"):
+    def __init__(self, data_spec=None, num_rows=None, link_unrolls=True,
+                 name="one_time_replayer"):
         """
         Args:
             data_spec: the Trajectory spec of the experience (unused; for a
                 signature shared with `UniformReplayer`).
             num_rows: the number of environment rows (unused, likewise).
+            link_unrolls: precede each row's unroll by its previous unroll's
+                last step (see the class docstring).
             name: the module's name.
         """
         super().__init__(name=name)
         del data_spec, num_rows
+        self._link = bool(link_unrolls)
         self._batch = None
+        # Untracked (not checkpointed): the last step of each env row's
+        # latest unroll, [rows seen, ...], and env id -> its row there.
+        self._kept = types.SimpleNamespace(steps=None, index={})
 
     def __call__(self, exp, env_ids):
-        del env_ids
+        if self._link:
+            exp = self._linked(exp, np.asarray(env_ids).tolist())
         # Kept in variables (made at the first batch, whose shape every batch
         # has) so that a traced train step reads the latest batch.
         if self._batch is None:
@@ -112,8 +145,49 @@ class OneTimeReplayer(Replayer):
         else:
             tf.nest.map_structure(lambda v, t: v.assign(t), self._batch, exp)
 
+    def _linked(self, exp, env_ids):
+        """[N, T] -> [N, T + 1]: each row preceded by its env row's kept step."""
+        if not isinstance(exp, trajectory.Trajectory):
+            raise ValueError(f"OneTimeReplayer(link_unrolls=True) needs Trajectory "
+                             f"experience, got {type(exp).__name__}; pass "
+                             f"link_unrolls=False for other nests")
+        exp = tf.nest.map_structure(tf.convert_to_tensor, exp)
+        first = tf.nest.map_structure(lambda t: t[:, 0], exp)
+        last = tf.nest.map_structure(lambda t: t[:, -1], exp)
+        kept, index = self._kept.steps, self._kept.index
+        num_kept = 0 if kept is None else int(tf.nest.flatten(kept)[0].shape[0])
+        n = len(env_ids)
+        # Sources of the preceding steps: [kept steps; this batch's last steps].
+        source, has_previous, latest = [], [], dict(index)
+        for i, env_id in enumerate(env_ids):
+            row = latest.get(env_id)
+            has_previous.append(row is not None)
+            source.append(0 if row is None else row)
+            latest[env_id] = num_kept + i
+        pool = last if kept is None else tf.nest.map_structure(
+            lambda k, l: tf.concat([k, l], axis=0), kept, last)
+        previous = tf.nest.map_structure(lambda t: tf.gather(t, source), pool)
+        continues = tf.logical_and(tf.constant(has_previous),
+                                   tf.equal(previous.next_step_type, first.step_type))
+        boundary = first._replace(
+            step_type=tf.fill([n], StepType.LAST), next_step_type=tf.fill([n], StepType.FIRST),
+            reward=tf.nest.map_structure(tf.zeros_like, first.reward),
+            discount=tf.ones_like(first.discount))
+
+        def precede(t, prev, inert):
+            cond = tf.reshape(continues, [n] + [1] * (t.shape.rank - 2))
+            return tf.concat([tf.where(cond, prev, inert)[:, None], t], axis=1)
+
+        linked = tf.nest.map_structure(precede, exp, previous, boundary)
+        # Keep each env row's latest last step (a row not in this batch keeps its own).
+        order = sorted(latest.items())
+        self._kept.index = {env_id: k for k, (env_id, _) in enumerate(order)}
+        self._kept.steps = tf.nest.map_structure(
+            lambda t: tf.gather(t, [row for _, row in order]), pool)
+        return linked
+
     def num_frames(self):
-        """Transitions held: those of the latest batch."""
+        """Steps held: those of the latest batch (with the steps preceding its rows)."""
         if self._batch is None:
             return 0
         return int(np.prod(tf.nest.flatten(self._batch)[0].shape[:2]))
@@ -123,12 +197,12 @@ class OneTimeReplayer(Replayer):
         return self._batch is not None
 
     def sample(self, sample_batch_size=None, num_steps=None):
-        """All windows of `num_steps` of the latest batch.
+        """The latest batch, or all its windows of `num_steps`.
 
         Args:
             sample_batch_size: ignored: the batch is what was dequeued.
             num_steps: window length (the agent's train_sequence_length);
-                None for whole unrolls.
+                None for whole (linked) unrolls.
         """
         del sample_batch_size
         if self._batch is None:
