@@ -46,8 +46,8 @@ from tf_agents.eval import metric_utils
 from tf_agents.policies import epsilon_greedy_policy, greedy_policy
 from tf_agents.utils import common
 
-from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
-from alf_async.learning import pixel_replayer, replayers  # pixel_replayer: registers @PixelReplayer
+from alf_async.learning import agents  # registers dqn_agent, sac_agent, ppo_agent, impala_agent
+from alf_async.learning import pixel_replayer, policy_lag, replayers  # pixel_replayer: @PixelReplayer
 from alf_async import resume
 from alf_async.serving import job
 from alf_async.driver import AsyncOffPolicyDriver
@@ -57,8 +57,6 @@ from alf_async.learning.learner import Hook, Learner, LearnerCounters
 from alf_async.learning.hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
                                      SummaryHook)
 from alf_async.learning.random_start import RandomStartPolicy
-
-del agents  # imported for its gin registrations only
 
 TrainResult = collections.namedtuple("TrainResult", [
     "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])
@@ -292,7 +290,7 @@ def train(root_dir,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed,
                        random_initial_collect, num_collectors, collector_launcher,
                        train_steps_per_iteration * sample_batch_size, print_fn,
-                       eval_env_kwargs)
+                       eval_env_kwargs, train_steps_per_iteration)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -374,7 +372,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
            collector_launcher="local", samples_per_iteration=None, print_fn=None,
-           eval_env_kwargs=None):
+           eval_env_kwargs=None, train_steps_per_iteration=1):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume). With `num_collectors` the driver is
@@ -392,6 +390,9 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
+        if agents.trains_on_unrolls(agent):
+            _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration,
+                                random_initial_collect)
         if num_collectors:
             from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
             env_constructor = learner_role.build(
@@ -444,9 +445,15 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
         if getattr(replayer_fn, "takes_checkpoint_dir", False):
             # Replay storage outside TF's checkpoint (Reverb's own checkpointer).
             replayer_args["checkpoint_dir"] = os.path.join(root_dir, "replay")
-        replayer = replayer_fn(data_spec=agent.collect_data_spec,
-                               num_rows=num_envs * env_batch_size, **replayer_args)
         collect_policy = agent.collect_policy
+        unrolls = agents.trains_on_unrolls(agent)
+        if unrolls:
+            # Each step records the train step it was acted at (the policy lag).
+            collect_policy = policy_lag.TrainStepStampedPolicy(collect_policy, global_step)
+        replayer = replayer_fn(data_spec=collect_policy.trajectory_spec,
+                               num_rows=num_envs * env_batch_size, **replayer_args)
+        if unrolls:
+            replayer = policy_lag.PolicyLag(replayer, global_step)
         if random_initial_collect:
             collect_policy = RandomStartPolicy(collect_policy, global_step)
         driver = AsyncOffPolicyDriver(
@@ -460,6 +467,26 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
         _close(replayer)
         raise
     return replayer, driver, env_constructor
+
+
+def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_initial_collect):
+    """Refuses settings an agent that trains on each batch of unrolls once
+    cannot use (a replay buffer, several train calls per batch, random
+    initial actions), before anything starts."""
+    name = type(agent).__name__
+    if not (isinstance(replayer_fn, type) and issubclass(replayer_fn, replayers.OneTimeReplayer)):
+        given = getattr(replayer_fn, "__name__", repr(replayer_fn))
+        raise ConfigError(f"{name} trains on each batch of unrolls once: set "
+                          f"train.replayer_fn = @OneTimeReplayer (got {given}, a replay "
+                          f"buffer)")
+    if train_steps_per_iteration != 1:
+        raise ConfigError(f"{name} trains on each batch of unrolls once: "
+                          f"train.train_steps_per_iteration must be 1, got "
+                          f"{train_steps_per_iteration} (PPO's passes over a batch are "
+                          f"ppo_agent.num_epochs)")
+    if random_initial_collect:
+        raise ConfigError(f"{name} trains on what its own policy collects: "
+                          f"train.random_initial_collect must be False")
 
 
 class _StopWaker(Hook):

@@ -1,8 +1,14 @@
 """Agent builders for `train(agent_fn=...)`: they make the networks and
-optimizers a tf-agents agent needs from the specs; every other agent argument
-is configured on the tf-agents class itself in gin (`DqnAgent.gamma = 0.99`).
+optimizers an agent needs from the specs; every other agent argument
+is configured on the agent class itself in gin (`DqnAgent.gamma = 0.99`,
+`PPOClipAgent.entropy_regularization = 0.01`, `ImpalaAgent.discount_factor`).
 Any callable(time_step_spec, action_spec, train_step_counter) -> TFAgent
 plugs in the same way.
+
+Two kinds of agent: replay agents (`dqn_agent`, `sac_agent`) train on
+windows sampled from a replay buffer, as often as the schedule says;
+unroll agents (`ppo_agent`, `impala_agent`; `trains_on_unrolls`) train on
+each batch of unrolls the driver delivers, once.
 """
 
 import numbers
@@ -12,11 +18,15 @@ import gin
 import tensorflow as tf
 from tf_agents.agents.ddpg import critic_network
 from tf_agents.agents.dqn import dqn_agent as dqn_agent_lib
+from tf_agents.agents.ppo import ppo_actor_network, ppo_agent as ppo_agent_lib
 from tf_agents.agents.sac import sac_agent as sac_agent_lib
 from tf_agents.agents.sac import tanh_normal_projection_network
-from tf_agents.networks import actor_distribution_network, q_network
+from tf_agents.networks import actor_distribution_network, q_network, value_network
 from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
+
+from alf_async.learning import impala
+from alf_async.learning.ppo import MinibatchPPOClipAgent
 
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
@@ -79,25 +89,17 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             epsilon_decay_steps < 0):
         raise ValueError(f"dqn_agent.epsilon_decay_steps must be an int >= 0, "
                          f"got {epsilon_decay_steps!r}")
-    if conv_layer_params is not None and not (
-            all(isinstance(c, (tuple, list)) and len(c) == 3 for c in conv_layer_params)
-            and all(isinstance(n, int) and n >= 1 for c in conv_layer_params for n in c)):
-        raise ValueError(f"dqn_agent.conv_layer_params must be (filters, kernel size, stride) "
-                         f"tuples of ints >= 1, got {conv_layer_params!r}")
+    conv = _check_conv("dqn_agent.conv_layer_params", conv_layer_params)
     if reward_clip is not None and not (
             len(reward_clip) == 2 and all(isinstance(v, numbers.Real) for v in reward_clip)
             and reward_clip[0] < reward_clip[1]):
         raise ValueError(f"dqn_agent.reward_clip must be (low, high) with low < high, "
                          f"got {reward_clip!r}")
-    observation_spec = time_step_spec.observation
-    # Pixels reach the network as uint8 and are scaled here (Rescaling casts).
-    scale = (tf.keras.layers.Rescaling(1.0 / 255.0)
-             if getattr(observation_spec, "dtype", None) == tf.uint8 else None)
+    # Pixels reach the network as uint8 and are scaled there (Rescaling casts).
     q_net = q_network.QNetwork(
-        observation_spec, action_spec, preprocessing_layers=scale,
-        conv_layer_params=None if conv_layer_params is None else tuple(
-            tuple(c) for c in conv_layer_params),
-        fc_layer_params=tuple(fc_layer_params))
+        time_step_spec.observation, action_spec,
+        preprocessing_layers=_scale_pixels(time_step_spec.observation),
+        conv_layer_params=conv, fc_layer_params=tuple(fc_layer_params))
     epsilon = epsilon_greedy
     if epsilon_final is not None and epsilon_decay_steps > 0:
         start, end, steps = float(epsilon_greedy), float(epsilon_final), float(epsilon_decay_steps)
@@ -197,6 +199,133 @@ class BoundaryMaskedSacAgent(sac_agent_lib.SacAgent):
         return super()._train(experience, valid if weights is None else weights * valid)
 
 
+def trains_on_unrolls(agent):
+    """True for agents that train on each batch of unrolls once (tf-agents'
+    PPO agents, `impala.ImpalaAgent`, or any agent whose class says
+    `trains_on_unrolls = True`) rather than on a replay buffer's windows."""
+    return isinstance(agent, ppo_agent_lib.PPOAgent) or bool(
+        getattr(agent, "trains_on_unrolls", False))
+
+
+def _scale_pixels(observation_spec):
+    """uint8 observations (pixels) scaled to [0, 1] inside a network (None otherwise)."""
+    if getattr(observation_spec, "dtype", None) == tf.uint8:
+        return tf.keras.layers.Rescaling(1.0 / 255.0)
+    return None
+
+
+def _check_conv(binding, conv_layer_params):
+    if conv_layer_params is not None and not (
+            all(isinstance(c, (tuple, list)) and len(c) == 3 for c in conv_layer_params)
+            and all(isinstance(n, int) and n >= 1 for c in conv_layer_params for n in c)):
+        raise ValueError(f"{binding} must be (filters, kernel size, stride) tuples of ints "
+                         f">= 1, got {conv_layer_params!r}")
+    return None if conv_layer_params is None else tuple(tuple(c) for c in conv_layer_params)
+
+
+def _check_count(binding, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{binding} must be an int >= 1, got {value!r}")
+
+
+@gin.configurable
+def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_params=(64, 64),
+              value_fc_layer_params=(64, 64), conv_layer_params=None, learning_rate=3e-4,
+              adam_epsilon=1e-5, num_epochs=4, num_minibatches=4):
+    """tf-agents' PPOClipAgent with an actor-distribution and a value network
+    and Adam, trained in minibatches (`ppo.MinibatchPPOClipAgent`).
+
+    Networks: for discrete actions an `ActorDistributionNetwork`
+    (categorical) and a `ValueNetwork`, each its own torso: the
+    convolutions, if any, then the dense layers, ReLU with convolutions and
+    tanh without (CleanRL's ppo_atari and ppo); uint8 observations are
+    scaled to [0, 1] inside them. For continuous actions tf-agents' own
+    MuJoCo PPO actor (`PPOActorNetwork`: tanh layers, a state-independent
+    standard deviation) and a tanh `ValueNetwork`, as in its
+    ppo_clip_train_eval. Every other PPO argument (clipping, GAE lambda,
+    discount, entropy, value coefficient, gradient clipping, normalizers)
+    is bound on `PPOClipAgent.*` in gin; the epochs and minibatches are
+    this builder's.
+
+    Args:
+        time_step_spec, action_spec: the environment's specs.
+        train_step_counter: the global step variable (one per minibatch step).
+        actor_fc_layer_params, value_fc_layer_params: the networks' dense layers.
+        conv_layer_params: (filters, kernel size, stride) tuples before the
+            dense layers of both networks (discrete actions only), or None.
+        learning_rate: Adam's learning rate.
+        adam_epsilon: Adam's epsilon (1e-5 in ppo2 and CleanRL).
+        num_epochs: passes over each batch of unrolls.
+        num_minibatches: minibatches (of transitions) per pass.
+    """
+    _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
+    _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
+    conv = _check_conv("ppo_agent.conv_layer_params", conv_layer_params)
+    _check_number("ppo_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    _check_number("ppo_agent.adam_epsilon", adam_epsilon, low=0.0, low_open=True)
+    _check_count("ppo_agent.num_epochs", num_epochs)
+    _check_count("ppo_agent.num_minibatches", num_minibatches)
+    observation_spec = time_step_spec.observation
+    scale = _scale_pixels(observation_spec)
+    discrete = action_spec.dtype.is_integer
+    if conv is not None and not discrete:
+        raise ValueError("ppo_agent.conv_layer_params: convolutional networks are for "
+                         "discrete actions (pixels); this environment's actions are continuous")
+    activation = tf.keras.activations.relu if conv else tf.keras.activations.tanh
+    if discrete:
+        actor_net = actor_distribution_network.ActorDistributionNetwork(
+            observation_spec, action_spec, preprocessing_layers=scale, conv_layer_params=conv,
+            fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation)
+    else:
+        actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
+            tuple(actor_fc_layer_params), action_spec)
+    value_net = value_network.ValueNetwork(
+        observation_spec, preprocessing_layers=_scale_pixels(observation_spec),
+        conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
+        activation_fn=activation)
+    optimizer = tf.keras.optimizers.Adam(learning_rate, epsilon=adam_epsilon)
+    agent = MinibatchPPOClipAgent(
+        time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,
+        value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
+        train_step_counter=train_step_counter)
+    _LEARNING_RATE_BINDINGS[agent._optimizer] = "ppo_agent.learning_rate"
+    build_optimizer(agent._optimizer, agent.variables_to_train())
+    return agent
+
+
+@gin.configurable
+def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_params=None,
+                 fc_layer_params=(64, 64), learning_rate=6e-4, optimizer_fn=None):
+    """An `impala.ImpalaAgent` (V-trace actor-critic) with one shared-torso
+    `ActorCriticNetwork`; discrete actions only. Its other arguments (discount,
+    entropy, coefficients, V-trace clips, gradient clipping, reward clipping)
+    are bound on `ImpalaAgent.*` in gin.
+
+    Args:
+        time_step_spec, action_spec: the environment's specs.
+        train_step_counter: the global step variable (one per batch).
+        conv_layer_params: (filters, kernel size, stride) tuples, or None.
+        fc_layer_params: the torso's dense layers after the convolutions.
+        learning_rate: the optimizer's learning rate.
+        optimizer_fn: callable(learning_rate) -> a Keras optimizer
+            (`@tf.keras.optimizers.RMSprop`, as IMPALA's paper); None: Adam.
+    """
+    conv = _check_conv("impala_agent.conv_layer_params", conv_layer_params)
+    _check_layers("impala_agent.fc_layer_params", fc_layer_params)
+    _check_number("impala_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    if not action_spec.dtype.is_integer or action_spec.shape.rank != 0:
+        raise ValueError(f"impala_agent takes one discrete action; this environment's action "
+                         f"spec is {action_spec}")
+    net = impala.ActorCriticNetwork(time_step_spec.observation, action_spec,
+                                    conv_layer_params=conv, fc_layer_params=fc_layer_params)
+    optimizer = (optimizer_fn or tf.keras.optimizers.Adam)(learning_rate)
+    agent = impala.ImpalaAgent(time_step_spec, action_spec, net, optimizer,
+                               train_step_counter=train_step_counter)
+    _LEARNING_RATE_BINDINGS[agent._optimizer] = "impala_agent.learning_rate"
+    build_optimizer(agent._optimizer, net.trainable_variables)
+    return agent
+
+
 def _check_layers(binding, layers):
     """Raises ValueError naming `binding` unless `layers` is a sequence of ints >= 1."""
     try:
@@ -259,5 +388,3 @@ def build_optimizer(optimizer, variables):
     elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
         optimizer.build(variables)
 
-
-# ------------------------------------------------------------------ evaluation

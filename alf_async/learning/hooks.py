@@ -1,9 +1,9 @@
 """What the learner does besides training, as `Hook`s (tf-agents' triggers):
 
 - `SummaryHook(interval)`: the driver's metrics (tf-agents' tags), the
-  learner's loss (Learner/...) and the driver's health (Perf/, Queues/,
-  Env/) every `interval` train steps and at the end, to the learner's
-  summary writer.
+  learner's loss and, for unroll agents, the policy lag of the latest
+  batch (Learner/...) and the driver's health (Perf/, Queues/, Env/) every
+  `interval` train steps and at the end, to the learner's summary writer.
 - `EvaluationHook(evaluator, writer, interval, stop_at_return, solved)`: the
   greedy policy's average return every `interval` train steps (its graph is
   traced on the learner's helper thread once training starts); stops the
@@ -57,6 +57,10 @@ class SummaryHook(Hook):
                                     step_metrics=driver.get_step_metrics())
             if learner.loss is not None:
                 write_loss(learner.loss, step)
+            lag = learner.replayer.policy_lag() if learner.replayer is not None else None
+            if lag is not None:
+                tf.summary.scalar("Learner/policy_lag", lag[0], step=step)
+                tf.summary.scalar("Learner/policy_lag_max", lag[1], step=step)
             self._health.write(step)
 
 
@@ -170,10 +174,11 @@ class ProgressHook(Hook):
     """A progress line every `interval_secs` seconds and at the end:
 
         [alf_async] iteration 40 | env steps 320 (1234/s) | train steps 66 (250/s)
-            | collect policy AverageReturn 21.3 | loss 0.513
+            | collect policy AverageReturn 21.3 | loss 0.513 [| policy lag 2.5]
 
     (the driver's AverageReturn metric: the exploring collect policy's
-    episodes; the evaluation's lines say "greedy policy AverageReturn").
+    episodes; the evaluation's lines say "greedy policy AverageReturn"; the
+    policy lag, mean over the latest batch, where the replayer measures it).
     """
 
     def __init__(self, print_fn=print, interval_secs=10.0):
@@ -199,8 +204,10 @@ class ProgressHook(Hook):
         average_return = float(metrics_lib.by_name(
             learner.driver.get_metrics())["AverageReturn"].result())
         loss = "-" if learner.loss is None else f"{float(learner.loss.loss):.4g}"
+        lag = learner.replayer.policy_lag() if learner.replayer is not None else None
         self._print(
             f"[alf_async] iteration {learner.iterations} | env steps {env_steps} "
             f"({(env_steps - env0) / dt:.0f}/s) | train steps {step} ({(step - step0) / dt:.0f}/s)"
-            f" | collect policy AverageReturn {average_return:.1f} | loss {loss}")
+            f" | collect policy AverageReturn {average_return:.1f} | loss {loss}" +
+            ("" if lag is None else f" | policy lag {lag[0]:.1f}"))
         self._last = (now, env_steps, step)

@@ -53,13 +53,14 @@ class Replayer(tf.Module):
     Required: `__call__(exp, env_ids)` (an exp_observer), `can_sample(num_steps)`,
     `sample(sample_batch_size, num_steps)`, `num_frames()`.
 
-    Optional capabilities, off by default (the learner reads them instead of
-    probing attributes):
+    Optional capabilities, off by default (the learner and its hooks read
+    them instead of probing attributes):
     - `traceable_before_data`: True when `sample` can be traced before the
       first batch arrived; the learner then builds its train iteration at
       start-up, on a helper thread, while the driver collects.
     - `trace()`: builds the graph that writes a batch without writing one;
       the learner calls it while the driver collects its first batch.
+    - `policy_lag()`: the latest sample's policy lag (summaries, progress lines).
     """
 
     traceable_before_data = False
@@ -80,6 +81,11 @@ class Replayer(tf.Module):
 
     def trace(self):
         """Builds the write graph ahead of the first batch (nothing by default)."""
+
+    def policy_lag(self):
+        """(mean, max) policy lag of the latest sample, in train steps, or None
+        where it is not measured (see `policy_lag.PolicyLag`)."""
+        return None
 
 
 @gin.configurable
@@ -107,8 +113,8 @@ class OneTimeReplayer(Replayer):
     length T and `num_steps` n a row gives T - n + 1 windows, and the n - 1
     transitions that span two consecutive unrolls are not trained on.
 
-    Calling `sample()` twice trains twice on the same batch. The kept
-    steps are not checkpointed: a resumed run's environments start anew.
+    Calling `sample()` twice trains twice on the same batch. Nothing of it
+    is checkpointed: a resumed run's environments start anew.
     """
 
     # Its variables are made at the first batch: `sample` cannot be traced before.
@@ -127,74 +133,95 @@ class OneTimeReplayer(Replayer):
         """
         super().__init__(name=name)
         del data_spec, num_rows
-        self._link = bool(link_unrolls)
-        self._batch = None
-        # Untracked (not checkpointed): the last step of each env row's
-        # latest unroll, [rows seen, ...], and env id -> its row there.
-        self._kept = types.SimpleNamespace(steps=None, index={})
+        # Untracked (not checkpointed; a resumed run's driver starts anew):
+        # the batch, and the last step of each env row's latest unroll
+        # [rows seen, ...] with env id -> its row there.
+        # The traced linking is made at the first batch.
+        self._state = types.SimpleNamespace(batch=None, kept_steps=None, kept_index={},
+                                            link_fn=None)
+        self._linking = bool(link_unrolls)
 
     def __call__(self, exp, env_ids):
-        if self._link:
-            exp = self._linked(exp, np.asarray(env_ids).tolist())
+        if self._linking:
+            self._store_linked(exp, np.asarray(env_ids).tolist())
+            return
         # Kept in variables (made at the first batch, whose shape every batch
         # has) so that a traced train step reads the latest batch.
-        if self._batch is None:
-            with self.name_scope:
-                self._batch = tf.nest.map_structure(
-                    lambda t: tf.Variable(t, trainable=False, name="batch"), exp)
-        else:
-            tf.nest.map_structure(lambda v, t: v.assign(t), self._batch, exp)
+        if self._state.batch is None:
+            self._make_batch_variables(exp)
+        tf.nest.map_structure(lambda v, t: v.assign(t), self._state.batch, exp)
 
-    def _linked(self, exp, env_ids):
-        """[N, T] -> [N, T + 1]: each row preceded by its env row's kept step."""
+    def _make_batch_variables(self, exp):
+        with self.name_scope:
+            self._state.batch = tf.nest.map_structure(
+                lambda t: tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False,
+                                      name="batch"), exp)
+
+    def _store_linked(self, exp, env_ids):
+        """Stores [N, T] as [N, T + 1], each row preceded by its env row's kept
+        step; keeps each env row's latest last step. The tensor work is one
+        graph call (eager ops would each wait for the GIL behind the env
+        threads); only the row bookkeeping is Python."""
         if not isinstance(exp, trajectory.Trajectory):
             raise ValueError(f"OneTimeReplayer(link_unrolls=True) needs Trajectory "
                              f"experience, got {type(exp).__name__}; pass "
                              f"link_unrolls=False for other nests")
         exp = tf.nest.map_structure(tf.convert_to_tensor, exp)
-        first = tf.nest.map_structure(lambda t: t[:, 0], exp)
-        last = tf.nest.map_structure(lambda t: t[:, -1], exp)
-        kept, index = self._kept.steps, self._kept.index
-        num_kept = 0 if kept is None else int(tf.nest.flatten(kept)[0].shape[0])
-        n = len(env_ids)
-        # Sources of the preceding steps: [kept steps; this batch's last steps].
+        if self._state.batch is None:
+            self._make_batch_variables(tf.nest.map_structure(
+                lambda t: tf.TensorSpec([t.shape[0], t.shape[1] + 1] + t.shape[2:], t.dtype),
+                exp))
+            self._state.kept_steps = tf.nest.map_structure(lambda t: t[:0, -1], exp)
+            self._state.link_fn = tf.function(self._link_graph, autograph=False,
+                                              reduce_retracing=True)
+        index = self._state.kept_index
+        num_kept = int(tf.nest.flatten(self._state.kept_steps)[0].shape[0])
+        # Sources of the preceding steps in [kept steps; this batch's last steps].
         source, has_previous, latest = [], [], dict(index)
         for i, env_id in enumerate(env_ids):
             row = latest.get(env_id)
             has_previous.append(row is not None)
             source.append(0 if row is None else row)
             latest[env_id] = num_kept + i
-        pool = last if kept is None else tf.nest.map_structure(
-            lambda k, l: tf.concat([k, l], axis=0), kept, last)
+        # Each env row's latest last step is kept (a row not in this batch keeps its own).
+        order = sorted(latest.items())
+        self._state.kept_index = {env_id: k for k, (env_id, _) in enumerate(order)}
+        self._state.kept_steps = self._state.link_fn(
+            exp, self._state.kept_steps, tf.constant(source, tf.int32),
+            tf.constant(has_previous), tf.constant([row for _, row in order], tf.int32))
+
+    def _link_graph(self, exp, kept, source, has_previous, keep):
+        """Writes the linked batch to the batch variables; returns the kept steps."""
+        first = tf.nest.map_structure(lambda t: t[:, 0], exp)
+        pool = tf.nest.map_structure(lambda k, t: tf.concat([k, t[:, -1]], axis=0), kept, exp)
         previous = tf.nest.map_structure(lambda t: tf.gather(t, source), pool)
-        continues = tf.logical_and(tf.constant(has_previous),
+        continues = tf.logical_and(has_previous,
                                    tf.equal(previous.next_step_type, first.step_type))
+        n = tf.shape(source)
         boundary = first._replace(
-            step_type=tf.fill([n], StepType.LAST), next_step_type=tf.fill([n], StepType.FIRST),
+            step_type=tf.fill(n, StepType.LAST), next_step_type=tf.fill(n, StepType.FIRST),
             reward=tf.nest.map_structure(tf.zeros_like, first.reward),
             discount=tf.ones_like(first.discount))
 
-        def precede(t, prev, inert):
-            cond = tf.reshape(continues, [n] + [1] * (t.shape.rank - 2))
-            return tf.concat([tf.where(cond, prev, inert)[:, None], t], axis=1)
+        def precede(v, t, prev, inert):
+            cond = tf.reshape(continues, tf.concat([n, tf.ones([t.shape.rank - 2], tf.int32)],
+                                                   axis=0))
+            return v.assign(tf.concat([tf.where(cond, prev, inert)[:, None], t], axis=1))
 
-        linked = tf.nest.map_structure(precede, exp, previous, boundary)
-        # Keep each env row's latest last step (a row not in this batch keeps its own).
-        order = sorted(latest.items())
-        self._kept.index = {env_id: k for k, (env_id, _) in enumerate(order)}
-        self._kept.steps = tf.nest.map_structure(
-            lambda t: tf.gather(t, [row for _, row in order]), pool)
-        return linked
+        updates = tf.nest.flatten(tf.nest.map_structure(precede, self._state.batch, exp,
+                                                        previous, boundary))
+        with tf.control_dependencies(updates):
+            return tf.nest.map_structure(lambda t: tf.gather(t, keep), pool)
 
     def num_frames(self):
         """Steps held: those of the latest batch (with the steps preceding its rows)."""
-        if self._batch is None:
+        if self._state.batch is None:
             return 0
-        return int(np.prod(tf.nest.flatten(self._batch)[0].shape[:2]))
+        return int(np.prod(tf.nest.flatten(self._state.batch)[0].shape[:2]))
 
     def can_sample(self, num_steps):
         del num_steps
-        return self._batch is not None
+        return self._state.batch is not None
 
     def sample(self, sample_batch_size=None, num_steps=None):
         """The latest batch, or all its windows of `num_steps`.
@@ -205,9 +232,10 @@ class OneTimeReplayer(Replayer):
                 None for whole (linked) unrolls.
         """
         del sample_batch_size
-        if self._batch is None:
+        if self._state.batch is None:
             raise ValueError("OneTimeReplayer.sample() before any experience was observed")
-        return _windows(tf.nest.map_structure(tf.convert_to_tensor, self._batch), num_steps)
+        return _windows(tf.nest.map_structure(tf.convert_to_tensor, self._state.batch),
+                        num_steps)
 
 
 @gin.configurable

@@ -1,0 +1,173 @@
+"""MinibatchPPOClipAgent: tf-agents' PPOClipAgent trained on a batch of
+unrolls the way the standard recipe does (Schulman et al. 2017; OpenAI
+baselines' ppo2; CleanRL's ppo_atari).
+
+tf-agents' `PPOAgent.train` runs `num_epochs` gradient steps, each on the
+whole batch; its minibatching lives in a separate learner
+(`tf_agents.agents.ppo.ppo_learner`) that splits a dataset pipeline and
+needs the advantages computed at collection time. Here the batch is
+whatever the learner dequeued (`OneTimeReplayer`: [B, T + 1], each row's
+unroll preceded by the step its previous unroll ended with), and one
+`train()` call does what ppo2 does with it:
+
+1. values of every step under the current value network, then returns and
+   GAE advantages once for the batch (tf-agents' own `_preprocess`);
+2. the B x T transitions (each row's last step only bootstraps; episode
+   boundaries are masked out) are shuffled, `num_epochs` times, and split
+   into `num_minibatches` minibatches of transitions;
+3. one gradient step of tf-agents' clipped PPO loss (`get_loss`: the
+   policy-gradient, value and entropy terms, ratio against the behaviour
+   policy's `dist_params` recorded at act time) per minibatch, with the
+   advantages normalized over the batch's valid transitions.
+
+So one `train()` is num_epochs x num_minibatches gradient steps and
+advances `train_step_counter` by as many, as tf-agents' PPO advances it
+once per epoch.
+
+One correction to tf-agents 0.19: `PPOAgent.compute_advantages` bootstraps
+GAE with the value of the unroll's second-to-last step (it slices the last
+one off before reading it; tensorflow/agents#953). Here the last step's
+value bootstraps the unroll, as in GAE's definition.
+
+Threads: the learner's (inside its traced train step).
+"""
+
+import tensorflow as tf
+from tf_agents.agents import tf_agent
+from tf_agents.agents.ppo import ppo_clip_agent, ppo_utils
+from tf_agents.agents.ppo.ppo_agent import PPOLossInfo
+from tf_agents.networks import network
+from tf_agents.trajectories import time_step as ts
+from tf_agents.utils import common, object_identity, value_ops
+
+
+class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
+    """PPOClipAgent with minibatched epochs over its batch's transitions.
+
+    Args:
+        *args, **kwargs: `PPOClipAgent`'s (num_epochs: passes over each
+            batch; compute_value_and_advantage_in_train must stay True).
+        num_minibatches: minibatches each pass is split into (transitions
+            that do not divide evenly are left out of that pass).
+    """
+
+    def __init__(self, *args, num_minibatches=1, **kwargs):
+        if not isinstance(num_minibatches, int) or isinstance(num_minibatches, bool) or (
+                num_minibatches < 1):
+            raise ValueError(f"num_minibatches must be an int >= 1, got {num_minibatches!r}")
+        if not kwargs.get("compute_value_and_advantage_in_train", True):
+            raise ValueError("MinibatchPPOClipAgent computes values and advantages in train(): "
+                             "compute_value_and_advantage_in_train must be True")
+        super().__init__(*args, **kwargs)
+        self._num_minibatches = num_minibatches
+
+    @property
+    def num_minibatches(self):
+        return self._num_minibatches
+
+    @property
+    def num_epochs(self):
+        return self._num_epochs
+
+    def variables_to_train(self):
+        """The actor's and value network's trainable variables, deduplicated
+        and sorted by name (what each gradient step updates; `build_optimizer`
+        builds the optimizer for exactly these)."""
+        return sorted(object_identity.ObjectIdentitySet(
+            self._actor_net.trainable_weights + self._value_net.trainable_weights),
+                      key=lambda v: v.name)
+
+    def compute_advantages(self, rewards, returns, discounts, value_preds):
+        """GAE (or returns - values), bootstrapped with the last step's value.
+
+        Args:
+            rewards, returns, discounts: [B, T].
+            value_preds: [B, T + 1], the last the unroll's bootstrap value.
+        """
+        final_value = value_preds[:, -1]
+        values = value_preds[:, :-1]
+        if not self._use_gae:
+            return returns - values
+        return value_ops.generalized_advantage_estimation(
+            values=values, final_value=final_value, rewards=rewards, discounts=discounts,
+            td_lambda=self._lambda, time_major=False)
+
+    def _train(self, experience, weights):
+        experience = self._as_trajectory(experience)
+        processed = self._preprocess(experience)   # [B, T + 1]; the last step's are 0
+        valid = tf.cast(tf.logical_not(processed.is_boundary()), tf.float32)
+        if weights is not None:
+            valid *= tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(valid))
+        old_distribution = ppo_utils.distribution_from_spec(
+            self._action_distribution_spec, processed.policy_info["dist_params"],
+            legacy_distribution_network=isinstance(self._actor_net, network.DistributionNetwork))
+        old_log_probs = common.log_probability(old_distribution, processed.action,
+                                               self._action_spec)
+        time_steps = ts.TimeStep(step_type=processed.step_type, reward=processed.reward,
+                                 discount=processed.discount, observation=processed.observation)
+
+        def transitions(t):
+            """[B, T + 1, ...] -> the B x T transitions [N, ...] (last steps dropped)."""
+            t = t[:, :-1]
+            return tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], axis=0))
+
+        batch = tf.nest.map_structure(transitions, dict(
+            time_steps=time_steps, actions=processed.action, old_log_probs=old_log_probs,
+            returns=processed.policy_info["return"],
+            advantages=processed.policy_info["advantage"],
+            dist_params=processed.policy_info["dist_params"],
+            old_values=processed.policy_info["value_prediction"], weights=valid))
+        batch["advantages"] = _normalized(batch["advantages"], batch["weights"])
+        n = tf.shape(batch["weights"])[0]
+        size = n // self._num_minibatches
+        order = tf.concat([tf.random.shuffle(tf.range(n)) for _ in range(self._num_epochs)],
+                          axis=0)
+        variables = self.variables_to_train()
+
+        def minibatch_step(i, _):
+            index = order[i * size:(i + 1) * size]
+            mb = tf.nest.map_structure(lambda t: tf.gather(t, index)[:, None], batch)
+            with tf.GradientTape() as tape:
+                loss_info = self.get_loss(
+                    mb["time_steps"], mb["actions"], mb["old_log_probs"], mb["returns"],
+                    mb["advantages"], mb["dist_params"], mb["weights"],
+                    self.train_step_counter, self._debug_summaries,
+                    old_value_predictions=mb["old_values"], training=True)
+            grads = tape.gradient(loss_info.loss, variables)
+            if self._gradient_clipping > 0:
+                grads, _ = tf.clip_by_global_norm(grads, self._gradient_clipping)
+            self._optimizer.apply_gradients(zip(grads, variables))
+            self.train_step_counter.assign_add(1)
+            return i + 1, _flat_loss(loss_info)
+
+        steps = self._num_epochs * self._num_minibatches
+        zero = tf.constant(0.0)
+        _, last = tf.while_loop(lambda i, _: i < steps, minibatch_step,
+                                (tf.constant(0), [zero] * len(_LOSS_FIELDS)),
+                                parallel_iterations=1)
+        if self.update_normalizers_in_train:
+            self.update_observation_normalizer(time_steps.observation)
+            self.update_reward_normalizer(processed.reward)
+        return tf_agent.LossInfo(last[0], PPOLossInfo(*last[1:]))
+
+
+_LOSS_FIELDS = ("loss", "policy_gradient_loss", "value_estimation_loss",
+                "l2_regularization_loss", "entropy_regularization_loss", "kl_penalty_loss",
+                "clip_fraction")
+
+
+def _flat_loss(loss_info):
+    """A PPO LossInfo as the scalars of `_LOSS_FIELDS` (the while loop carries them)."""
+    extra = loss_info.extra
+    return [tf.cast(tf.reshape(v, []), tf.float32) for v in (
+        loss_info.loss, extra.policy_gradient_loss, extra.value_estimation_loss,
+        extra.l2_regularization_loss, extra.entropy_regularization_loss,
+        extra.kl_penalty_loss, extra.clip_fraction)]
+
+
+def _normalized(advantages, weights):
+    """Advantages normalized to mean 0, std 1 over the valid (weight > 0) ones."""
+    count = tf.maximum(tf.reduce_sum(weights), 1.0)
+    mean = tf.reduce_sum(advantages * weights) / count
+    variance = tf.reduce_sum(tf.square(advantages - mean) * weights) / count
+    return (advantages - mean) / (tf.sqrt(variance) + 1e-8)

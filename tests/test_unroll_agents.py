@@ -1,0 +1,219 @@
+"""The unroll agents (ppo_agent, impala_agent) and the policy lag: the
+behaviour recorded at act time is what training corrects against, the
+lag's values on a scripted schedule, and each agent trains on the
+learner's linked unrolls."""
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories import trajectory
+
+from alf_async import AsyncOffPolicyDriver
+from alf_async.environments import suites
+from alf_async.learning import agents
+from alf_async.learning.learner import Learner
+from alf_async.learning.policy_lag import PolicyLag, StampedInfo, TrainStepStampedPolicy
+from alf_async.learning.replayers import OneTimeReplayer
+from alf_async.testing.envs import CountingEnvConstructor
+from alf_async.testing.policies import CountingPolicy
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cartpole():
+    return suites.load("suite_gym", "CartPole-v0", batch_size=4, seed=0)
+
+
+def _collect(env, policy, steps):
+    """`steps` steps of `policy` on `env` as a batch-major Trajectory [B, steps]."""
+    time_step = env.reset()
+    state = policy.get_initial_state(env.batch_size)
+    items = []
+    for _ in range(steps):
+        action_step = policy.action(time_step, state)
+        next_time_step = env.step(action_step.action)
+        items.append(trajectory.from_transition(time_step, action_step, next_time_step))
+        time_step, state = next_time_step, action_step.state
+    return tf.nest.map_structure(lambda *t: tf.stack(t, axis=1), *items)
+
+
+def _linked(exp):
+    replayer = OneTimeReplayer()
+    replayer(exp, np.arange(exp.step_type.shape[0], dtype=np.int32))
+    return replayer.sample()
+
+
+def _perturb(variables, seed, scale=0.3):
+    rng = np.random.default_rng(seed)
+    for v in variables:
+        v.assign_add(rng.normal(0.0, scale, v.shape).astype(v.dtype.as_numpy_dtype))
+
+
+def test_impala_trains_against_the_behaviour_recorded_at_act_time():
+    env = _cartpole()
+    agent = agents.impala_agent(env.time_step_spec(), env.action_spec(),
+                                tf.Variable(0, dtype=tf.int64), fc_layer_params=(16,))
+    exp = _linked(_collect(env, agent.collect_policy, 6))
+    recorded = exp.policy_info.log_probability.numpy()
+    # With the acting weights unchanged every importance ratio is exactly 1.
+    loss = agent._loss(exp, None)[1]   # pylint: disable=protected-access
+    np.testing.assert_allclose(loss.mean_rho.numpy(), 1.0, rtol=1e-6)
+    # Other weights: the ratio is pi_new / mu with mu the recorded one.
+    _perturb(agent.network.trainable_variables, seed=1)
+    (logits, _), _ = agent.network(exp.observation)
+    log_pi = tf.nn.log_softmax(logits).numpy()
+    actions = exp.action.numpy()
+    valid = ~exp.is_boundary().numpy()[:, :-1]
+    rhos = np.exp(np.take_along_axis(log_pi, actions[..., None], -1)[..., 0] - recorded)[:, :-1]
+    expected = rhos[valid].mean()
+    assert abs(expected - 1.0) > 0.01
+    np.testing.assert_allclose(agent._loss(exp, None)[1].mean_rho.numpy(), expected,  # pylint: disable=protected-access
+                               rtol=1e-5)
+    before = agent.train_step_counter.numpy()
+    info = agent.train(exp)
+    assert agent.train_step_counter.numpy() == before + 1
+    assert np.isfinite(info.loss.numpy())
+
+
+def test_ppo_trains_against_the_dist_params_recorded_at_act_time():
+    """One epoch, one minibatch: the clipped fraction of the importance
+    ratios is 0 with the acting weights, and with other weights exactly the
+    fraction of |pi/mu - 1| > 0.2 computed from the recorded logits."""
+    env = _cartpole()
+    step = tf.Variable(0, dtype=tf.int64)
+    with gin.unlock_config():
+        gin.bind_parameter("PPOClipAgent.importance_ratio_clipping", 0.2)
+        # The network sees raw observations (the expected ratios below apply it).
+        gin.bind_parameter("PPOClipAgent.normalize_observations", False)
+    try:
+        agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), step,
+                                 actor_fc_layer_params=(16,), value_fc_layer_params=(16,),
+                                 num_epochs=1, num_minibatches=1)
+    finally:
+        gin.clear_config()
+    exp = _linked(_collect(env, agent.collect_policy, 6))
+    assert agent.train(exp).extra.clip_fraction.numpy() == 0.0
+    assert step.numpy() == 1
+    exp = _linked(_collect(env, agent.collect_policy, 6))
+    recorded = exp.policy_info["dist_params"]["logits"].numpy()
+    _perturb(agent._actor_net.trainable_variables, seed=2, scale=0.1)   # pylint: disable=protected-access
+    dist, _ = agent._actor_net(exp.observation, exp.step_type, ())   # pylint: disable=protected-access
+    actions = exp.action.numpy()[..., None]
+    log_pi = np.take_along_axis(tf.nn.log_softmax(dist.logits).numpy(), actions, -1)[..., 0]
+    log_mu = np.take_along_axis(tf.nn.log_softmax(recorded).numpy(), actions, -1)[..., 0]
+    ratio = np.exp(log_pi - log_mu)[:, :-1]
+    expected = np.mean(np.abs(ratio - 1.0) > 0.2)
+    assert 0.05 < expected < 0.95
+    np.testing.assert_allclose(agent.train(exp).extra.clip_fraction.numpy(), expected,
+                               rtol=1e-6)
+    assert step.numpy() == 2
+
+
+def test_ppo_makes_epochs_times_minibatches_gradient_steps_per_batch():
+    env = _cartpole()
+    step = tf.Variable(0, dtype=tf.int64)
+    agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), step,
+                             actor_fc_layer_params=(8,), value_fc_layer_params=(8,),
+                             num_epochs=3, num_minibatches=2)
+    exp = _linked(_collect(env, agent.collect_policy, 5))
+    variables = [v.numpy() for v in agent.variables_to_train()]
+    tf.function(agent.train)(exp)
+    assert step.numpy() == 6
+    assert all(not np.array_equal(a, v.numpy())
+               for a, v in zip(variables, agent.variables_to_train()))
+
+
+def test_ppo_bootstraps_gae_with_the_last_steps_value():
+    """tensorflow/agents#953: GAE's final value is V(x_T), not V(x_{T-1})."""
+    env = _cartpole()
+    with gin.unlock_config():
+        gin.bind_parameter("PPOClipAgent.use_gae", True)
+    try:
+        agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(),
+                                 tf.Variable(0, dtype=tf.int64))
+    finally:
+        gin.clear_config()
+    rewards = tf.constant([[1.0, 0.0]])
+    discounts = tf.constant([[0.9, 0.9]])
+    values = tf.constant([[0.5, 2.0, 10.0]])
+    advantages = agent.compute_advantages(rewards, None, discounts, values).numpy()
+    delta1 = 0.0 + 0.9 * 10.0 - 2.0
+    delta0 = 1.0 + 0.9 * 2.0 - 0.5
+    np.testing.assert_allclose(advantages, [[delta0 + 0.9 * 0.95 * delta1, delta1]], rtol=1e-6)
+
+
+def _stamped_unroll(policy, counter, stamps, time_step_spec):
+    """A [1, len(stamps)] Trajectory acted with the counter at each stamp."""
+    items = []
+    for k, stamp in enumerate(stamps):
+        counter.assign(stamp)
+        time_step = ts.TimeStep(
+            step_type=tf.constant([1 if k else 0], tf.int32), reward=tf.zeros([1]),
+            discount=tf.ones([1]),
+            observation=tf.constant([[0, k, k]], time_step_spec.observation.dtype))
+        step = policy.action(time_step)
+        items.append(trajectory.Trajectory(
+            step_type=time_step.step_type, observation=time_step.observation,
+            action=step.action, policy_info=step.info,
+            next_step_type=tf.constant([1], tf.int32), reward=tf.zeros([1]),
+            discount=tf.ones([1])))
+    return tf.nest.map_structure(lambda *t: tf.stack(t, axis=1), *items)
+
+
+def test_policy_lag_on_a_scripted_schedule():
+    """Steps acted at train steps 3, 4, 4, 7 (the last only bootstraps),
+    trained at train step 10: lags 7, 6, 6 after the inert first step."""
+    probe = CountingEnvConstructor(batch_size=1)()
+    counter = tf.Variable(0, dtype=tf.int64)
+    policy = TrainStepStampedPolicy(CountingPolicy(probe.time_step_spec(), probe.action_spec()),
+                                    counter)
+    assert isinstance(policy.info_spec, StampedInfo)
+    replayer = PolicyLag(OneTimeReplayer(policy.trajectory_spec, 1), counter)
+    assert replayer.policy_lag() is None
+    replayer(_stamped_unroll(policy, counter, [3, 4, 4, 7], probe.time_step_spec()),
+             np.array([0], np.int32))
+    counter.assign(10)
+    sample = tf.function(replayer.sample)
+    exp = sample()
+    assert exp.policy_info == ()   # the stamps are gone: CountingPolicy's own info
+    assert replayer.policy_lag() == (pytest.approx((7 + 6 + 6) / 3), 7)
+    # The next unroll (acted at 8, 8, 9, 11): its first trained step is the
+    # one acted at 7, the step the two unrolls share.
+    replayer(_stamped_unroll(policy, counter, [8, 8, 9, 11], probe.time_step_spec())._replace(
+        step_type=tf.constant([[1, 1, 1, 1]], tf.int32)), np.array([0], np.int32))
+    counter.assign(12)
+    sample()
+    assert replayer.policy_lag() == (pytest.approx((5 + 4 + 4 + 3) / 4), 5)
+
+
+@pytest.mark.parametrize("builder", ["ppo", "impala"])
+def test_the_learner_trains_unroll_agents_on_linked_unrolls(builder):
+    """A real driver and Learner: every batch is trained on once, the lag is
+    measured, the train step counts each agent's gradient steps."""
+    def make_env():
+        return suites.load("suite_gym", "CartPole-v0", batch_size=2)
+
+    env = make_env()
+    step = tf.Variable(0, dtype=tf.int64)
+    if builder == "ppo":
+        agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), step,
+                                 actor_fc_layer_params=(8,), value_fc_layer_params=(8,),
+                                 num_epochs=2, num_minibatches=2)
+        per_batch = 4
+    else:
+        agent = agents.impala_agent(env.time_step_spec(), env.action_spec(), step,
+                                    fc_layer_params=(8,))
+        per_batch = 1
+    policy = TrainStepStampedPolicy(agent.collect_policy, step)
+    replayer = PolicyLag(OneTimeReplayer(policy.trajectory_spec, 4), step)
+    driver = AsyncOffPolicyDriver(make_env, policy, num_envs=2, unroll_length=5,
+                                  learn_queue_cap=2, exp_observers=[replayer])
+    learner = Learner(agent, driver, replayer)
+    assert learner.run(num_iterations=6) == "num_iterations"
+    assert learner.train_step == 6 * per_batch
+    assert learner.env_steps == 6 * 2 * 2 * 5
+    mean, most = replayer.policy_lag()
+    assert 0 <= mean <= most <= 6 * per_batch
+    assert np.isfinite(learner.loss.loss.numpy())
