@@ -243,3 +243,17 @@ def test_linked_unrolls_behind_the_driver_train_every_transition_once():
         assert counters == sorted(set(counters)), env_id
         assert all(next_counter[c] == c + 1 for c in counters)
         assert len(counters) >= 3 * 3   # at least three unrolls of the row
+
+
+def test_one_time_replayer_takes_unrolls_of_any_length():
+    """A synchronous loop's DynamicStepDriver collects a varying number of
+    steps per row: the rows stay, the length may change."""
+    replayer = OneTimeReplayer()
+    sample = tf.function(lambda: replayer.sample())
+    replayer(_trajectory([0, 1], [0, 10], 3), np.array([0, 1], np.int32))
+    assert sample().observation.shape == (2, 4)
+    replayer(_trajectory([0, 1], [3, 13], 5), np.array([0, 1], np.int32))
+    np.testing.assert_array_equal(sample().observation.numpy(), [[2, 3, 4, 5, 6, 7],
+                                                                 [12, 13, 14, 15, 16, 17]])
+    np.testing.assert_array_equal(replayer.sample(num_steps=5).observation.numpy()[:, 0],
+                                  [2, 3, 12, 13])

@@ -81,6 +81,7 @@ def test_ppo_trains_against_the_dist_params_recorded_at_act_time():
     """One epoch, one minibatch: the clipped fraction of the importance
     ratios is 0 with the acting weights, and with other weights exactly the
     fraction of |pi/mu - 1| > 0.2 computed from the recorded logits."""
+    tf.random.set_seed(0)   # the actions sampled, so that the fraction is the same every run
     env = _cartpole()
     step = tf.Variable(0, dtype=tf.int64)
     with gin.unlock_config():
@@ -98,14 +99,14 @@ def test_ppo_trains_against_the_dist_params_recorded_at_act_time():
     assert step.numpy() == 1
     exp = _linked(_collect(env, agent.collect_policy, 6))
     recorded = exp.policy_info["dist_params"]["logits"].numpy()
-    _perturb(agent._actor_net.trainable_variables, seed=2, scale=0.1)   # pylint: disable=protected-access
+    _perturb(agent._actor_net.trainable_variables, seed=2, scale=0.3)   # pylint: disable=protected-access
     dist, _ = agent._actor_net(exp.observation, exp.step_type, ())   # pylint: disable=protected-access
     actions = exp.action.numpy()[..., None]
     log_pi = np.take_along_axis(tf.nn.log_softmax(dist.logits).numpy(), actions, -1)[..., 0]
     log_mu = np.take_along_axis(tf.nn.log_softmax(recorded).numpy(), actions, -1)[..., 0]
     ratio = np.exp(log_pi - log_mu)[:, :-1]
     expected = np.mean(np.abs(ratio - 1.0) > 0.2)
-    assert 0.05 < expected < 0.95
+    assert expected > 0.5   # had the agent taken its current policy as the behaviour: 0
     np.testing.assert_allclose(agent.train(exp).extra.clip_fraction.numpy(), expected,
                                rtol=1e-6)
     assert step.numpy() == 2

@@ -34,10 +34,10 @@ def _windows(exp, num_steps):
     T = tf.nest.flatten(exp)[0].shape[1]
     if num_steps is None or num_steps == T:
         return exp
-    if num_steps > T:
+    if T is not None and num_steps > T:
         raise ValueError(f"the agent trains on sequences of {num_steps} steps but the "
                          f"driver's unrolls have {T}: set unroll_length >= {num_steps}")
-    num_windows = T - num_steps + 1
+    num_windows = tf.shape(tf.nest.flatten(exp)[0])[1] - num_steps + 1
     index = tf.range(num_windows)[:, None] + tf.range(num_steps)[None, :]
 
     def cut(t):
@@ -113,8 +113,10 @@ class OneTimeReplayer(Replayer):
     length T and `num_steps` n a row gives T - n + 1 windows, and the n - 1
     transitions that span two consecutive unrolls are not trained on.
 
-    Calling `sample()` twice trains twice on the same batch. Nothing of it
-    is checkpointed: a resumed run's environments start anew.
+    Every batch has the first batch's number of rows; unrolls may differ in
+    length from batch to batch. Calling `sample()` twice trains twice on the
+    same batch. Nothing of it is checkpointed: a resumed run's environments
+    start anew.
     """
 
     # Its variables are made at the first batch: `sample` cannot be traced before.
@@ -145,17 +147,21 @@ class OneTimeReplayer(Replayer):
         if self._linking:
             self._store_linked(exp, np.asarray(env_ids).tolist())
             return
-        # Kept in variables (made at the first batch, whose shape every batch
-        # has) so that a traced train step reads the latest batch.
+        # Kept in variables (made at the first batch, whose number of rows every
+        # batch has) so that a traced train step reads the latest batch.
         if self._state.batch is None:
             self._make_batch_variables(exp)
         tf.nest.map_structure(lambda v, t: v.assign(t), self._state.batch, exp)
 
     def _make_batch_variables(self, exp):
+        """Variables shaped like `exp` [N, T, ...] with any T: every batch has
+        N rows, its unrolls may be of any length (tf-agents' DynamicStepDriver
+        in a synchronous loop collects a varying number of steps per row)."""
         with self.name_scope:
             self._state.batch = tf.nest.map_structure(
-                lambda t: tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False,
-                                      name="batch"), exp)
+                lambda t: tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False, name="batch",
+                                      shape=tf.TensorShape([t.shape[0], None] + list(t.shape[2:]))),
+                exp)
 
     def _store_linked(self, exp, env_ids):
         """Stores [N, T] as [N, T + 1], each row preceded by its env row's kept
@@ -217,7 +223,7 @@ class OneTimeReplayer(Replayer):
         """Steps held: those of the latest batch (with the steps preceding its rows)."""
         if self._state.batch is None:
             return 0
-        return int(np.prod(tf.nest.flatten(self._state.batch)[0].shape[:2]))
+        return int(np.prod(tf.shape(tf.nest.flatten(self._state.batch)[0])[:2]))
 
     def can_sample(self, num_steps):
         del num_steps
