@@ -64,13 +64,14 @@ import argparse
 import json
 import os
 import shutil
+import resource
 import subprocess
 import sys
 import threading
 import time
 
-from wall_clock_report import (  # benchmarks/ is this script's directory
-    SIDES, algorithm, load_records, report)
+import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
+from wall_clock_report import SIDES, algorithm, load_records, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN_FILES = {
@@ -78,7 +79,16 @@ GIN_FILES = {
     "Hopper-v5": os.path.join(REPO, "gin_configs", "sac_hopper.gin"),
     "Breakout-v5": os.path.join(REPO, "gin_configs", "dqn_breakout.gin"),
     "Breakout-v5-envpool": os.path.join(REPO, "gin_configs", "dqn_breakout_envpool.gin"),
+    "Pong-v5-ppo": os.path.join(REPO, "gin_configs", "ppo_pong.gin"),
+    "Pong-v5-impala": os.path.join(REPO, "gin_configs", "impala_pong.gin"),
+    "Hopper-v5-ppo": os.path.join(REPO, "gin_configs", "ppo_hopper.gin"),
 }
+
+
+def _cpu_secs():
+    """CPU seconds (user + system) of this process so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _peak_rss_mb():
@@ -144,11 +154,14 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     timer_start = time.monotonic()
+    cpu_start = _cpu_secs()
     timer.start()
     try:
         result = trainer.train(root_dir, seed=seed, stop_event=stop)
     finally:
         timer.cancel()
+    cpu_secs = _cpu_secs() - cpu_start
+    wall_secs = time.monotonic() - timer_start
     evaluations = []
     loop_start = timer_start
     for (secs, train_step, env_steps, average_return, _), (start, end) in zip(
@@ -164,35 +177,61 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     # The raw rate: a fresh agent of the same gin config, a replayer of random steps.
     q = gin.query_parameter
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1)
-    agent = _agent(env, tf.Variable(0, dtype=tf.int64))
+    step = tf.Variable(0, dtype=tf.int64)
+    agent = _agent(env, step)
     env.close()
     num_rows = q("train.num_envs") * q("train.env_batch_size")
-    replayer = _replayer_class(agent)(agent.collect_data_spec, num_rows, capacity_per_row=1000)
-    replayer(_random_experience(agent.collect_data_spec, num_rows, 1000, seed),
-             np.arange(num_rows, dtype=np.int32))
-    steps_per_call = q("train.train_steps_per_iteration")
+    lags = None
+    if unroll_sync.is_unroll_task():
+        # A batch of the learner's shape: learn_queue_cap unrolls of env_batch_size rows.
+        num_rows = q("train.learn_queue_cap") * q("train.env_batch_size")
+        replayer = replayers.OneTimeReplayer()
+        replayer(_random_experience(agent.collect_data_spec, num_rows,
+                                    q("train.unroll_length"), seed),
+                 np.arange(num_rows, dtype=np.int32))
+        lags = [v for _, v in _scalars(os.path.join(root_dir, "train"), "Learner/policy_lag")]
+    else:
+        replayer = _replayer_class(agent)(agent.collect_data_spec, num_rows,
+                                          capacity_per_row=1000)
+        replayer(_random_experience(agent.collect_data_spec, num_rows, 1000, seed),
+                 np.arange(num_rows, dtype=np.int32))
+    calls_per_train = q("train.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
                       sample_batch_size=q("train.sample_batch_size"))
 
     def train_calls(k):
         for _ in range(k):
-            learner.train(steps_per_call)
+            learner.train(calls_per_train)
 
-    raw = _raw_rate(train_calls, steps_per_call, raw_secs)
+    # Train steps per call: an unroll agent counts its gradient steps (PPO's
+    # epochs x minibatches per train call).
+    before = int(step.numpy())
+    learner.train(calls_per_train)
+    raw = _raw_rate(train_calls, int(step.numpy()) - before, raw_secs)
     return dict(evaluations=evaluations, env_steps=result.env_steps,
                 train_steps=result.global_step, loop_secs=loop_secs,
                 eval_secs=sum(end - start for start, end in eval_times), raw_rate=raw,
-                peak_rss_mb=peak_rss_mb)
+                peak_rss_mb=peak_rss_mb, cores=cpu_secs / wall_secs,
+                policy_lag=None if not lags else sum(lags) / len(lags))
+
+
+def _scalars(directory, tag):
+    """[(step, value)] of `tag` in the event files of `directory`."""
+    import glob
+
+    import tensorflow as tf
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    found.append((event.step, float(tf.make_ndarray(value.tensor))))
+    return found
 
 
 def _agent(env, global_step):
-    """The gin-configured agent of the task (DQN for Atari, SAC for MuJoCo)."""
-    import gin
-
-    from alf_async.learning import agents
-    agent_fn = agents.dqn_agent if "dqn_agent" in str(
-        gin.query_parameter("train.agent_fn")) else agents.sac_agent
-    return agent_fn(env.time_step_spec(), env.action_spec(), global_step)
+    """The gin-configured agent of the task (DQN, SAC, PPO or IMPALA)."""
+    return unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(), global_step)
 
 
 def _replayer_class(agent):
@@ -284,6 +323,11 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
     from alf_async.environments import suites
 
     q = gin.query_parameter
+    if unroll_sync.is_unroll_task():
+        return unroll_sync.learning_run(seed, seconds, raw_secs, _sync_envs(
+            sync_env, q("train.suite"), q("train.env_name"),
+            q("train.num_envs") * q("train.env_batch_size"), seed), _eval_policy, _raw_rate,
+                                        _cpu_secs, _peak_rss_mb)
     suite, env_name = q("train.suite"), q("train.env_name")
     num_rows = q("train.num_envs") * q("train.env_batch_size")
     steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(

@@ -10,8 +10,8 @@ import statistics
 
 SIDES = ("alf_async", "tf_agents")
 
-# Atari tasks: DQN on pixels, scores of whole games, a frame is a quarter agent step.
-ATARI = ("Breakout-v5", "Breakout-v5-envpool")
+# Atari tasks: pixels, scores of whole games, a frame is a quarter agent step.
+ATARI = ("Breakout-v5", "Breakout-v5-envpool", "Pong-v5-ppo", "Pong-v5-impala")
 FRAMES_PER_STEP = 4
 # A reference for the Atari pictures: Dopamine's DQN baseline (the Nature CNN
 # and the settings dqn_breakout.gin copies), baselines/atari/data/breakout.json,
@@ -21,6 +21,10 @@ DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES = 1.64
 
 
 def algorithm(task):
+    if task.endswith("-ppo"):
+        return "PPO"
+    if task.endswith("-impala"):
+        return "IMPALA"
     return "DQN" if task in ATARI else "SAC"
 
 
@@ -52,6 +56,11 @@ def duty_cycle(record):
     return train_rate(record) / record["raw_rate"]
 
 
+def _optional(value, spec):
+    """`value` formatted, or '-' where a record predates the field."""
+    return "-" if value is None else format(value, spec)
+
+
 def print_table(task, records, report_minutes, budget_secs):
     atari = task in ATARI
     what = "game score (epsilon-greedy evaluation)" if atari else "eval return (greedy)"
@@ -60,8 +69,9 @@ def print_table(task, records, report_minutes, budget_secs):
     header = (f"{'side':10s} {'seed':>4s} " +
               " ".join(f"{'R@' + format(m, 'g') + 'min':>9s}" for m in report_minutes) +
               f" {'env steps':>10s}" + (f" {'frames':>10s}" if atari else "") +
-              f" {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
-              f" {'duty':>5s} {'eval s':>7s} {'RSS GB':>6s} {'to sync final':>14s}")
+              f" {'env/s':>6s} {'train steps':>11s} {'train/s':>8s} {'raw/s':>7s}"
+              f" {'duty':>5s} {'cores':>5s} {'lag':>5s} {'eval s':>7s} {'RSS GB':>6s}"
+              f" {'to sync final':>14s}")
     print(header)
     print("-" * len(header))
     for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -78,9 +88,12 @@ def print_table(task, records, report_minutes, budget_secs):
             reach = "not reached" if t is None else f"{t / budget_secs:.2f} of budget"
         frames = f" {record['env_steps'] * FRAMES_PER_STEP:10d}" if atari else ""
         rss = record.get("peak_rss_mb", float("nan")) / 1024
+        cores = _optional(record.get("cores"), ".2f")
+        lag = _optional(record.get("policy_lag"), ".1f")
         print(f"{side:10s} {seed:4d} " + " ".join(cells) +
-              f" {record['env_steps']:10d}{frames} {record['train_steps']:11d} {train_rate(record):8.1f}"
-              f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f}"
+              f" {record['env_steps']:10d}{frames} {record['env_steps'] / record['loop_secs']:6.0f}"
+              f" {record['train_steps']:11d} {train_rate(record):8.1f}"
+              f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f} {cores:>5s} {lag:>5s}"
               f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
     finals = {side: [return_at(r["evaluations"], budget_secs) or 0.0
                      for r in runs_of(records, side)] for side in SIDES}
@@ -96,6 +109,18 @@ def print_table(task, records, report_minutes, budget_secs):
                  for side in SIDES}
         print(f"median train steps: alf_async {steps['alf_async']:.0f}, tf_agents "
               f"{steps['tf_agents']:.0f} (ratio {steps['alf_async'] / steps['tf_agents']:.2f})")
+        rates = {side: statistics.median(r["env_steps"] / r["loop_secs"]
+                                         for r in runs_of(records, side)) for side in SIDES}
+        print(f"median env steps/s: alf_async {rates['alf_async']:.0f}, tf_agents "
+              f"{rates['tf_agents']:.0f} (ratio {rates['alf_async'] / rates['tf_agents']:.2f})")
+        cores = {side: [r["cores"] for r in runs_of(records, side) if r.get("cores")]
+                 for side in SIDES}
+        if all(cores.values()):
+            sync_cores = statistics.median(cores["tf_agents"])
+            print(f"median cores used: alf_async {statistics.median(cores['alf_async']):.2f}, "
+                  f"tf_agents {sync_cores:.2f}; the two-core ceiling for alf_async: "
+                  f"{2.0 / sync_cores:.2f}x the synchronous rate, reached "
+                  f"{rates['alf_async'] / rates['tf_agents'] / (2.0 / sync_cores):.0%}")
 
 
 def plot(task, records, path):
