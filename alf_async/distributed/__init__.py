@@ -7,7 +7,8 @@
 - `launcher.py`: local or Ray collectors, started, restarted within a budget,
   stopped.
 - `reverb_replayer.py`: `ReverbReplayer` (one Reverb stream per environment
-  row) and the replay table.
+  row), the replay table and, for agents that train on unrolls (PPO,
+  IMPALA), the queue of unrolls.
 
 Uses `alf_async.learning` and the layers below it.
 """

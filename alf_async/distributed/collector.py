@@ -14,6 +14,16 @@ the same agent as the learner (from the same gin file) for its
 and writes every env row as its own stream with `RowWriters` (streams are
 per writer, so collectors never join each other's steps either).
 
+A learner of an agent that trains on unrolls (PPO, IMPALA) holds a queue
+of unrolls instead of the replay table (`reverb_replayer.unroll_table`,
+under the same name). The collector sees that in the table's info (each
+item sampled once, FIFO) and its signature (items of T + 1 steps); it
+then acts with `policy_lag.TrainStepStampedPolicy(agent.collect_policy,
+train_step)`, train_step being the one it pulls with the variables, and
+writes an item of each row's last T + 1 steps every T steps (consecutive
+items share one step). `collect.unroll_length` (how its driver cuts
+unrolls) is independent of T.
+
 The collection loop is a `Learner` with no agent: it takes the driver's
 batches (for the writers) until stopped; `VariablePullHook` pulls and then
 reports the collector's episode metrics to the learner (`StatsReporter`:
@@ -39,13 +49,12 @@ import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
-from alf_async.learning import agents  # registers dqn_agent, sac_agent with gin
+from alf_async.learning import agents  # also registers the agents with gin
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.learning.learner import Hook, Learner
-from alf_async.distributed.reverb_replayer import REPLAY_TABLE, RowWriters
-
-del agents  # imported for its gin registrations only
+from alf_async.learning.policy_lag import TrainStepStampedPolicy
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE, RowWriters, is_unroll_queue
 
 VARIABLE_TABLE = "variables"
 STATS_TABLE = "collector_stats"
@@ -256,14 +265,15 @@ class VariablePullHook(Hook):
 class _PacedWrite(object):
     """The driver's exp_observer: writes the unroll rows, then waits (on the
     collection loop's thread, waking every 0.2 s for `stop_event`) until
-    each row has at most one unroll's items unconfirmed by the server, so
-    that a rate limiter holding inserts back holds collection back too;
-    while it waits, `watch` raises `UnreachableError` once the server has
-    been gone for its deadline."""
+    each row has at most one unroll's items (`unroll_length` / the writers'
+    period, rounded up) unconfirmed by the server, so that a rate limiter
+    holding inserts back (a full queue) holds collection back too; while it
+    waits, `watch` raises `UnreachableError` once the server has been gone
+    for its deadline."""
 
     def __init__(self, writers, unroll_length, stop_event, watch):
         self._writers = writers
-        self._pending = unroll_length
+        self._pending = -(-unroll_length // writers.period)
         self._stop_event = stop_event
         self._watch = watch
 
@@ -363,7 +373,8 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
             learn_queue_cap, seed: as `trainer.train`'s.
         sequence_length: steps per replay item (the learner's
             `ReverbReplayer.sequence_length`); None: the replay table's
-            (its signature's leading dimension).
+            (its signature's leading dimension). A queue of unrolls'
+            items (T + 1 steps) are written every T steps.
         variable_update_interval: seconds between variable pulls (and
             stats reports, if the server has a `collector_stats` table).
         connect_deadline_secs: how long to retry an unreachable server (at
@@ -376,11 +387,15 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
 
     Raises:
         UnreachableError: no server at `replay_address` by the deadline.
+        ValueError: the table does not fit the agent (a queue of unrolls
+            for an agent that trains on a replay table, or the reverse).
     """
     client = wait_for_server(replay_address, connect_deadline_secs, print_fn)
     if sequence_length is None:
         sequence_length = table_sequence_length(client)
-    has_stats = STATS_TABLE in client.server_info(timeout=5)
+    info = client.server_info(timeout=5)
+    has_stats = STATS_TABLE in info
+    queue = is_unroll_queue(info[REPLAY_TABLE])
     if seed is not None:
         tf.random.set_seed(seed)
     spec_env = suites.load(suite, env_name, batch_size=1)
@@ -390,11 +405,22 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         agent.initialize()
     finally:
         spec_env.close()
-    writers = RowWriters(reverb.Client(replay_address), sequence_length)
+    policy = agent.collect_policy
+    if queue != agents.trains_on_unrolls(agent):
+        raise ValueError(
+            f"the learner's table at {replay_address} is "
+            f"{'a queue of unrolls' if queue else 'a replay table'} but this collector's "
+            f"{type(agent).__name__} trains on {'a replay table' if queue else 'unrolls'}: "
+            f"run the collector with the learner's gin file")
+    if queue:
+        # Stamped with the train step its variables were pulled at (the policy lag).
+        policy = TrainStepStampedPolicy(policy, train_step)
+    writers = RowWriters(reverb.Client(replay_address), sequence_length,
+                         period=sequence_length - 1 if queue else 1)
     watch = ServerWatch(client, replay_address, connect_deadline_secs)
     driver = AsyncOffPolicyDriver(
         make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed),
-        agent.collect_policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
+        policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
         actor_queue_cap=actor_queue_cap,
         exp_observers=[_PacedWrite(writers, unroll_length, stop_event, watch)])

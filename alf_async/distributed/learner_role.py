@@ -42,6 +42,19 @@ rate limiter's minimum; `train.initial_collect_steps` counts the env steps
 the collectors reported). Evaluation, checkpoints, summaries,
 `stop_at_eval_return` and the progress lines are the single-process run's.
 
+Agents that train on each batch of unrolls once (`agents.trains_on_unrolls`:
+PPO, IMPALA) get a queue of unrolls instead of the replay table
+(`reverb_replayer.unroll_table`, under the replay table's name, so the
+health summaries and the collectors find it there): its items are
+`train.unroll_length` + 1 steps of one env row, stamped with the train
+step the collector's variables were pulled at
+(`policy_lag.TrainStepStampedPolicy`), consecutive items of a row sharing
+one step. The replayer is `PolicyLag(ReverbReplayer(...))`, each sample
+`train.learn_queue_cap x train.env_batch_size` items (the rows of one
+process's batch), and `ReplayFeed.run_async` waits until the queue holds
+them plus the items the dataset may fetch ahead. The queue is not
+checkpointed (a resumed learner trains on what its new collectors bring).
+
 Threads: everything here runs on the learner's thread except
 `ReplayFeed.stop()` (any thread; it stops the collectors, which blocks up
 to the launcher's grace period) and the launcher's monitor thread (see
@@ -66,8 +79,10 @@ from alf_async.driver import metrics as metrics_lib
 from alf_async.distributed.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
                                  variable_table)
 from alf_async.driver import DriverStoppedError
+from alf_async.learning import agents, policy_lag
 from alf_async.learning.learner import Hook
-from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table, window_spec
+from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, is_unroll_queue, replay_table,
+                                                   unroll_table, window_spec)
 
 ADDRESS_FILE = "replay_address"
 # The run's whole gin config (gin.config_str()), which the local collectors read.
@@ -86,6 +101,7 @@ class LearnerServer(object):
         checkpoint_dir: Reverb's checkpoints (restored at start if any).
         port: the port (None: a free one).
         advertised_host: the host name collectors use (None: socket.gethostname()).
+        unrolls: a queue of unrolls (`unroll_table`) instead of the replay table.
 
     Attributes:
         address: 'HOST:PORT' for collectors anywhere.
@@ -93,10 +109,11 @@ class LearnerServer(object):
     """
 
     def __init__(self, data_spec, sequence_length, variables, checkpoint_dir, port=None,
-                 advertised_host=None):
+                 advertised_host=None, unrolls=False):
         port = port or portpicker.pick_unused_port()
-        tables = [replay_table(data_spec, sequence_length, learner_in_process=False),
-                  variable_table(variables), stats_table()]
+        table = (unroll_table(data_spec, sequence_length) if unrolls else
+                 replay_table(data_spec, sequence_length, learner_in_process=False))
+        tables = [table, variable_table(variables), stats_table()]
         try:
             self.server = reverb.Server(
                 tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
@@ -154,8 +171,11 @@ class ReplayFeed(object):
 
     Args:
         client: a `reverb.Client` of the learner's server.
-        samples_per_iteration: train_steps_per_iteration x sample_batch_size.
-        samples_in_flight: what the replayer's dataset may request ahead.
+        samples_per_iteration: train_steps_per_iteration x sample_batch_size
+            (from a queue of unrolls: the items of one batch).
+        samples_in_flight: what the replayer's dataset may request ahead
+            (from a queue: items it may already have taken out; the feed
+            waits for them in the queue too, so the train step never does).
         collectors: the launcher (`launcher.LocalCollectors` or
             `RayCollectors`), not started.
         poll_secs: seconds between polls of the server while waiting.
@@ -192,7 +212,16 @@ class ReplayFeed(object):
         """Raises ValueError unless the rate limiter's window (its error
         buffer on both sides) holds one iteration's samples plus those in
         flight: else the learner would wait for inserts the limiter refuses."""
-        info = self._client.server_info(timeout=10)[REPLAY_TABLE].rate_limiter_info
+        table = self._client.server_info(timeout=10)[REPLAY_TABLE]
+        if is_unroll_queue(table):
+            if table.max_size < self._needed:
+                raise ValueError(
+                    f"unroll_table.max_size {table.max_size} is too small for one batch: the "
+                    f"learner waits for {self._needed} items (train.learn_queue_cap x "
+                    f"train.env_batch_size + ReverbReplayer.max_in_flight_samples_per_worker); "
+                    f"set unroll_table.max_size >= {self._needed}")
+            return
+        info = table.rate_limiter_info
         window = info.max_diff - info.min_diff
         if window < self._needed + info.samples_per_insert:
             raise ValueError(
@@ -355,23 +384,26 @@ class AddressAnnouncement(Hook):
 
 
 class Built(object):
-    """What `build()` returns: the replayer, the feed (the driver's
-    place), the server, and the hooks the trainer adds."""
+    """What `build()` returns: the replayer the learner samples, the feed
+    (the driver's place), the server, the hooks the trainer adds, and the
+    `ReverbReplayer` that reads the server (`replayer` itself, or the one a
+    `PolicyLag` wraps)."""
 
     is_learner_role = True  # trainer._close_envs closes it
 
-    def __init__(self, replayer, feed, server, hooks):
+    def __init__(self, replayer, feed, server, hooks, reverb_replayer=None):
         self.replayer = replayer
         self.feed = feed
         self.server = server
         self.hooks = hooks
+        self.reverb_replayer = replayer if reverb_replayer is None else reverb_replayer
 
     def close(self):
         """Stops the feed (collectors), the replayer and the server."""
         try:
             self.feed.stop()
         finally:
-            self.replayer.close()
+            self.reverb_replayer.close()
             self.server.stop()
 
 
@@ -385,39 +417,56 @@ def _check_restored_signature(restored, expected, checkpoint_dir):
         raise ValueError(
             f"the replay table restored from {checkpoint_dir} does not fit this config "
             f"(windows of {steps[0] if steps else '?'} steps, this config's "
-            f"{tf.nest.flatten(expected)[0].shape.as_list()[0]}; the environment or "
-            f"DqnAgent.n_step_update changed?): use a new --root_dir to start fresh")
+            f"{tf.nest.flatten(expected)[0].shape.as_list()[0]}; the environment, the "
+            f"agent, DqnAgent.n_step_update or train.unroll_length changed?): use a new "
+            f"--root_dir to start fresh")
 
 
 def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
-          samples_per_iteration, seed, print_fn):
+          samples_per_iteration, seed, print_fn, unroll_length=None, batch_rows=None):
     """Builds the learner role's pieces (collectors not started).
 
     Writes root_dir/collector_config.gin (the run's whole gin config) for
     the local collectors. Raises ValueError (a config error) if
     `replayer_fn` is not a Reverb replayer or the schedule does not fit the
-    rate limiter.
+    rate limiter (or the queue).
+
+    For an agent that trains on unrolls (module docstring): the queue's
+    items are `unroll_length` + 1 steps, and each sample `batch_rows` of
+    them (train.learn_queue_cap x train.env_batch_size); the replayer is
+    then a `PolicyLag` over the `ReverbReplayer`.
     """
     if not getattr(replayer_fn, "takes_checkpoint_dir", False):
         raise ValueError("train.num_collectors > 0 needs train.replayer_fn = @ReverbReplayer "
                          "(collectors write to the learner's Reverb server)")
     train_step = agent.train_step_counter
     variables = policy_variables(agent.collect_policy, train_step)
-    length = agent.train_sequence_length or 2
-    server = LearnerServer(agent.collect_data_spec, length, variables,
-                           os.path.join(root_dir, "replay"))
+    unrolls = agents.trains_on_unrolls(agent)
+    replayer_args = {}
+    if unrolls:
+        # Each step stamped with the train step its collector pulled (the policy lag).
+        data_spec = policy_lag.TrainStepStampedPolicy(agent.collect_policy,
+                                                      train_step).trajectory_spec
+        length = unroll_length + 1
+        replayer_args["sample_batch_size"] = batch_rows  # whatever train.sample_batch_size says
+        samples_per_iteration = batch_rows
+    else:
+        data_spec = agent.collect_data_spec
+        length = agent.train_sequence_length or 2
+    server = LearnerServer(data_spec, length, variables, os.path.join(root_dir, "replay"),
+                           unrolls=unrolls)
     replayer = None
     try:
         table = reverb.Client(server.local_address).server_info(timeout=10)[REPLAY_TABLE]
-        _check_restored_signature(table.signature, window_spec(agent.collect_data_spec, length),
+        _check_restored_signature(table.signature, window_spec(data_spec, length),
                                   os.path.join(root_dir, "replay"))
         limiter = table.rate_limiter_info
         if limiter.insert_stats.completed:
             print_fn(f"[alf_async] replay restored from {os.path.join(root_dir, 'replay')}: "
                      f"{table.current_size} items ({limiter.insert_stats.completed} inserted, "
                      f"{limiter.sample_stats.completed} sampled in all)")
-        replayer = replayer_fn(data_spec=agent.collect_data_spec, num_rows=num_rows,
-                               sequence_length=length, server_address=server.local_address)
+        replayer = replayer_fn(data_spec=data_spec, num_rows=num_rows, sequence_length=length,
+                               server_address=server.local_address, **replayer_args)
         tf.io.gfile.makedirs(root_dir)
         config_path = os.path.join(root_dir, CONFIG_FILE)
         with open(config_path, "w") as f:
@@ -435,4 +484,7 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
         raise
     hooks = [VariablePushHook(server.local_address, variables),
              AddressAnnouncement(server.address, root_dir, print_fn)]
+    if unrolls:
+        return Built(policy_lag.PolicyLag(replayer, train_step), feed, server, hooks,
+                     reverb_replayer=replayer)
     return Built(replayer, feed, server, hooks)

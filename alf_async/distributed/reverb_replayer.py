@@ -39,6 +39,22 @@ so that table limits inserts only (`replay_table(learner_in_process=True)`),
 and inserts never block the caller. Collector processes writing to a
 learner's server meet the full two-sided limiter.
 
+Queues of unrolls. Agents that train on each batch of unrolls once (PPO,
+IMPALA: `agents.trains_on_unrolls`) read a queue instead (`unroll_table`,
+Reverb's `Table.queue`, as Acme's IMPALA): FIFO, each item sampled once,
+bounded (an insert waits while it is full, a sample while it is empty).
+Each env row is a stream whose items are its last T + 1 steps every T
+steps (`RowWriters(period=T)`, Acme's SequenceAdder with period T): the
+first once the stream holds T + 1 steps, then [T..2T], [2T..3T], ...;
+consecutive items of a row share one step (it bootstraps the one and
+starts the next), so no transition is lost. `sample(B)` returns [B, T + 1]
+items (with `sample_batch_size` fixed: the learner's rows per batch). The
+dataset then fetches ahead exactly `max_in_flight_samples_per_worker`
+items (default 1; tf.data's injected prefetch, which would take one more
+batch out of the queue, is turned off), and each item fetched ahead has
+left the queue: a learner that waits for a batch counts them
+(`learner_role.ReplayFeed`).
+
 Checkpoints. With `checkpoint_dir`, the in-process server is built with
 Reverb's `DefaultCheckpointer` there: it loads the latest checkpoint at
 start (items and rate limiter state), and `checkpoint()` writes one.
@@ -113,25 +129,65 @@ def replay_table(data_spec, sequence_length, max_size=100000, samples_per_insert
         signature=window_spec(data_spec, sequence_length))
 
 
+@gin.configurable
+def unroll_table(data_spec, sequence_length, max_size=64, name=REPLAY_TABLE):
+    """The queue of unrolls (Reverb's `Table.queue`): FIFO sampler and
+    remover, each item sampled once (`max_times_sampled=1`), a `Queue` rate
+    limiter (inserts wait while it holds `max_size` items, samples while it
+    is empty).
+
+    Args:
+        data_spec: nest of `tf.TensorSpec`s of one step (a
+            `TrainStepStampedPolicy`'s `trajectory_spec`).
+        sequence_length: steps per item (the learner's unroll_length + 1).
+        max_size: items the queue holds; every item waits behind those
+            ahead of it, so it bounds the policy lag a full queue adds.
+        name: the table's name (the replay table's: the learner role's
+            health summaries and the collectors find it there).
+    """
+    if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 1:
+        raise ValueError(f"unroll_table.max_size must be an int >= 1, got {max_size!r}")
+    if sequence_length < 2:
+        raise ValueError(f"a queue of unrolls needs items of >= 2 steps (unroll_length + 1), "
+                         f"got {sequence_length}")
+    return reverb.Table.queue(name, max_size, signature=window_spec(data_spec, sequence_length))
+
+
+def is_unroll_queue(table_info):
+    """True if `table_info` (a `reverb.TableInfo`) is a queue (`unroll_table`):
+    a FIFO sampler and each item sampled once."""
+    return table_info.max_times_sampled == 1 and bool(table_info.sampler_options.fifo)
+
+
 class RowWriters(object):
-    """One `reverb.TrajectoryWriter` per env row; an item per window of
-    `sequence_length` consecutive steps of a row.
+    """One `reverb.TrajectoryWriter` per env row; an item of the row's last
+    `sequence_length` steps every `period` steps, the first once the row's
+    stream holds `sequence_length` steps: with period 1 every window
+    (stride 1, a replay table's), with period L - 1 items that share one
+    step ([0..T], [T..2T], ...: a queue of unrolls).
 
     Threads: one thread at a time (the learner's, or a collector's);
     `write` does not block (items are sent in the background).
     """
 
-    def __init__(self, client, sequence_length, table=REPLAY_TABLE, priority=1.0):
+    def __init__(self, client, sequence_length, table=REPLAY_TABLE, priority=1.0, period=1):
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            raise ValueError(f"RowWriters' period must be an int >= 1, got {period!r}")
         self._client = client
         self._length = sequence_length
+        self._period = period
         self._table = table
         self._priority = priority
         self._writers = {}
         self._steps = {}
 
+    @property
+    def period(self):
+        return self._period
+
     def write(self, exp, env_ids):
         """Appends each row of `exp` [N, T, ...] to its env id's stream, in
-        order; creates the windows that became complete."""
+        order; creates the items that became due."""
         flat = [np.asarray(t) for t in tf.nest.flatten(exp)]
         env_ids = np.asarray(env_ids)
         T = flat[0].shape[1]
@@ -144,7 +200,8 @@ class RowWriters(object):
             for t in range(T):
                 writer.append(tf.nest.pack_sequence_as(exp, [a[row, t] for a in flat]))
                 self._steps[env_id] += 1
-                if self._steps[env_id] >= self._length:
+                beyond = self._steps[env_id] - self._length
+                if beyond >= 0 and beyond % self._period == 0:
                     writer.create_item(self._table, self._priority, tf.nest.map_structure(
                         lambda column: column[-self._length:], writer.history))
 
@@ -197,7 +254,11 @@ class ReverbReplayer(Replayer):
         port: the in-process server's port (None: a free one).
         table_fn: callable(data_spec, sequence_length, learner_in_process)
             -> `reverb.Table` (`replay_table`, whose rate limiter knobs are gin's).
-        max_in_flight_samples_per_worker: samples the dataset requests ahead.
+        max_in_flight_samples_per_worker: items the dataset fetches ahead;
+            None: 64 from a replay table, 1 from a queue (`unroll_table`:
+            each item fetched ahead has left the queue and waits there).
+        sample_batch_size: items per `sample()` whatever the learner asks
+            (a queue of unrolls: the rows of a batch); None: the learner's.
         name: the module's name.
     """
 
@@ -207,15 +268,23 @@ class ReverbReplayer(Replayer):
 
     def __init__(self, data_spec, num_rows=None, sequence_length=gin.REQUIRED,
                  server_address=None, checkpoint_dir=None, port=None, table_fn=replay_table,
-                 max_in_flight_samples_per_worker=64, name="reverb_replayer"):
+                 max_in_flight_samples_per_worker=None, sample_batch_size=None,
+                 name="reverb_replayer"):
         super().__init__(name=name)
         del num_rows
         if not isinstance(sequence_length, int) or sequence_length < 1:
             raise ValueError(f"ReverbReplayer.sequence_length must be an int >= 1, got "
                              f"{sequence_length!r}")
+        for binding, value in (("max_in_flight_samples_per_worker",
+                                max_in_flight_samples_per_worker),
+                               ("sample_batch_size", sample_batch_size)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
+                                      value < 1):
+                raise ValueError(f"ReverbReplayer.{binding} must be None or an int >= 1, got "
+                                 f"{value!r}")
         self._spec = data_spec
         self._length = sequence_length
-        self._in_flight = max_in_flight_samples_per_worker
+        self._batch_size = sample_batch_size
         # Untracked (tf.Module would try to checkpoint the dataset iterator).
         self._state = types.SimpleNamespace(server=None, iterator=None, batch_size=None)
         if server_address is None:
@@ -227,6 +296,10 @@ class ReverbReplayer(Replayer):
             server_address = f"localhost:{self._state.server.port}"
         self._address = server_address
         self._client = reverb.Client(server_address)
+        self._queue = is_unroll_queue(self.table_info())
+        if max_in_flight_samples_per_worker is None:
+            max_in_flight_samples_per_worker = 1 if self._queue else 64
+        self._in_flight = max_in_flight_samples_per_worker
         self._writers = RowWriters(self._client, sequence_length)
 
     @property
@@ -245,6 +318,11 @@ class ReverbReplayer(Replayer):
     def max_in_flight_samples(self):
         """Samples the dataset may request ahead of the learner."""
         return self._in_flight
+
+    @property
+    def is_queue(self):
+        """True if the table is a queue of unrolls (`unroll_table`)."""
+        return self._queue
 
     def table_info(self):
         """The replay table's `reverb.TableInfo` (size, rate limiter counts)."""
@@ -281,7 +359,8 @@ class ReverbReplayer(Replayer):
                 f"{samples_per_iteration}")
 
     def __call__(self, exp, env_ids):
-        """Writes each row of `exp` [N, T, ...] to its env id's stream."""
+        """Writes each row of `exp` [N, T, ...] to its env id's stream (every
+        window of `sequence_length`: period 1, also into a queue)."""
         tf.nest.assert_same_structure(self._spec, exp)
         self._writers.write(exp, env_ids)
 
@@ -300,7 +379,8 @@ class ReverbReplayer(Replayer):
         return info.current_size >= info.rate_limiter_info.min_size_to_sample
 
     def sample(self, sample_batch_size, num_steps=None):
-        """`sample_batch_size` windows of `sequence_length` steps from the table.
+        """`sample_batch_size` windows of `sequence_length` steps from the table
+        (the replayer's own `sample_batch_size` instead, if it has one).
 
         Returns:
             A nest like `data_spec` of [sample_batch_size, sequence_length, ...].
@@ -309,16 +389,27 @@ class ReverbReplayer(Replayer):
         if n != self._length:
             raise ValueError(f"the agent trains on windows of {n} steps but "
                              f"ReverbReplayer.sequence_length is {self._length}: set it to {n}")
+        if self._batch_size is not None:
+            sample_batch_size = self._batch_size
         if self._state.iterator is None or self._state.batch_size != sample_batch_size:
             with tf.init_scope():  # made eagerly, read inside the traced train step
                 # One worker: the samples fetched ahead stay within
-                # max_in_flight_samples_per_worker (see check_schedule).
+                # max_in_flight_samples_per_worker (see check_schedule);
+                # a queue's in FIFO order.
                 dataset = reverb.TrajectoryDataset.from_table_signature(
                     self._address, REPLAY_TABLE, self._in_flight, num_workers_per_iterator=1)
-                self._state.iterator = iter(dataset.batch(sample_batch_size,
-                                                          drop_remainder=True))
+                dataset = dataset.batch(sample_batch_size, drop_remainder=True)
+                if self._queue:
+                    # No batch prefetched beyond the in-flight items (module docstring).
+                    options = tf.data.Options()
+                    options.experimental_optimization.inject_prefetch = False
+                    dataset = dataset.with_options(options)
+                self._state.iterator = iter(dataset)
                 self._state.batch_size = sample_batch_size
-        return next(self._state.iterator).data
+        # In data_spec's own nest types (the table's signature brings back
+        # namedtuples of the same name and fields, without their methods).
+        return tf.nest.pack_sequence_as(self._spec,
+                                        tf.nest.flatten(next(self._state.iterator).data))
 
     def checkpoint(self):
         """Writes a Reverb checkpoint (of the in-process server: its
