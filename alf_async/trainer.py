@@ -290,7 +290,7 @@ def train(root_dir,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed,
                        random_initial_collect, num_collectors, collector_launcher,
                        train_steps_per_iteration * sample_batch_size, print_fn,
-                       eval_env_kwargs, train_steps_per_iteration)
+                       eval_env_kwargs, train_steps_per_iteration, initial_collect_steps)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -372,7 +372,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
            collector_launcher="local", samples_per_iteration=None, print_fn=None,
-           eval_env_kwargs=None, train_steps_per_iteration=1):
+           eval_env_kwargs=None, train_steps_per_iteration=1, initial_collect_steps=0):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, and the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume). With `num_collectors` the driver is
@@ -392,12 +392,13 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         agent.initialize()
         if agents.trains_on_unrolls(agent):
             _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration,
-                                random_initial_collect)
+                                random_initial_collect, num_collectors, initial_collect_steps)
         if num_collectors:
             from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
             env_constructor = learner_role.build(
                 root_dir, agent, replayer_fn, num_envs * env_batch_size, num_collectors,
-                collector_launcher, samples_per_iteration, seed, print_fn)
+                collector_launcher, samples_per_iteration, seed, print_fn,
+                unroll_length=unroll_length, batch_rows=learn_queue_cap * env_batch_size)
             replayer, driver = env_constructor.replayer, env_constructor.feed
         else:
             replayer, driver, env_constructor = _build_collection(
@@ -469,13 +470,25 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
     return replayer, driver, env_constructor
 
 
-def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_initial_collect):
+def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_initial_collect,
+                        num_collectors=0, initial_collect_steps=0):
     """Refuses settings an agent that trains on each batch of unrolls once
     cannot use (a replay buffer, several train calls per batch, random
-    initial actions), before anything starts."""
+    initial actions, steps collected before training: with collectors their
+    queue of unrolls would fill and stop them), before anything starts.
+    With collectors the replayer reads the learner's Reverb queue of
+    unrolls (`ReverbReplayer`)."""
     name = type(agent).__name__
-    if not (isinstance(replayer_fn, type) and issubclass(replayer_fn, replayers.OneTimeReplayer)):
-        given = getattr(replayer_fn, "__name__", repr(replayer_fn))
+    given = getattr(replayer_fn, "__name__", repr(replayer_fn))
+    if num_collectors:
+        from alf_async.distributed.reverb_replayer import ReverbReplayer  # pylint: disable=import-outside-toplevel
+        if not (isinstance(replayer_fn, type) and issubclass(replayer_fn, ReverbReplayer)):
+            raise ConfigError(f"{name} trains on each batch of unrolls once: with "
+                              f"train.num_collectors > 0 set train.replayer_fn = "
+                              f"@ReverbReplayer (it reads the learner's Reverb queue of "
+                              f"unrolls; got {given})")
+    elif not (isinstance(replayer_fn, type) and
+              issubclass(replayer_fn, replayers.OneTimeReplayer)):
         raise ConfigError(f"{name} trains on each batch of unrolls once: set "
                           f"train.replayer_fn = @OneTimeReplayer (got {given}, a replay "
                           f"buffer)")
@@ -487,6 +500,9 @@ def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_in
     if random_initial_collect:
         raise ConfigError(f"{name} trains on what its own policy collects: "
                           f"train.random_initial_collect must be False")
+    if initial_collect_steps:
+        raise ConfigError(f"{name} trains on each batch of unrolls as it comes: "
+                          f"train.initial_collect_steps must be 0, got {initial_collect_steps}")
 
 
 class _StopWaker(Hook):

@@ -44,6 +44,7 @@ def test_ppo_cartpole_learns_and_reports_the_policy_lag(tmp_path):
      "MinibatchPPOClipAgent trains on each batch of unrolls once: set train.replayer_fn = "
      "@OneTimeReplayer (got UniformReplayer, a replay buffer)"),
     ("train.train_steps_per_iteration = 4", "train.train_steps_per_iteration must be 1, got 4"),
+    ("train.initial_collect_steps = 1000", "train.initial_collect_steps must be 0, got 1000"),
 ])
 def test_a_replay_buffer_or_repeated_training_is_refused_with_one_line(tmp_path, param, named):
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [param], timeout=120, env=ENV)

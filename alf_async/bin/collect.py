@@ -92,6 +92,8 @@ def main(argv=None):
                                       print_fn=lambda line: print(line, flush=True))
         except collector.UnreachableError as e:
             return _error(str(e), EXIT_UNREACHABLE)
+        except ValueError as e:  # the config does not fit (bad values, the learner's table)
+            return _error(one_line(e), EXIT_CONFIG_ERROR)
         print(f"[alf_async collector] connected to {args.replay_address}; collecting",
               flush=True)
         try:
