@@ -18,6 +18,16 @@ FRAMES_PER_STEP = 4
 # iteration 0 (its first 1M frames, training episodes): 1.57, 1.65, 1.65, 1.64,
 # 1.70 over 5 seeds. Iterations 1 and 2 (1-3M frames) average 3.1 and 3.9.
 DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES = 1.64
+# A reference for the Pong pictures: OpenAI baselines' ppo2 (the Nature CNN, 8
+# games, 4 epochs; Schulman et al. 2017's Atari settings) on PongNoFrameskip-v4
+# (no sticky actions), mean over seeds, as openrlbenchmark plots it
+# (static/cleanrl_vs_baselines_atari.png, the PongNoFrameskip-v4 panel, blue:
+# openrlbenchmark/baselines/baselines-ppo2-cnn). Read off the picture's pixels
+# against its grid lines (about +-0.5 in score, +-0.05M in steps); its x-axis
+# is agent steps (4 frames each). (agent steps, score):
+BASELINES_PPO2_PONG = ((0, -20.5), (400_000, -20.0), (640_000, -9.5), (790_000, -3.8),
+                       (1_000_000, 3.0), (1_250_000, 6.3), (1_540_000, 9.6),
+                       (2_110_000, 12.7), (2_960_000, 15.9), (4_110_000, 19.0))
 
 
 def algorithm(task):
@@ -63,7 +73,7 @@ def _optional(value, spec):
 
 def print_table(task, records, report_minutes, budget_secs):
     atari = task in ATARI
-    what = "game score (epsilon-greedy evaluation)" if atari else "eval return (greedy)"
+    what = "game score (evaluation games)" if atari else "eval return (greedy)"
     print(f"\n{algorithm(task)} {task}: {what} against wall-clock time, "
           f"{budget_secs / 60:g} min per run")
     header = (f"{'side':10s} {'seed':>4s} " +
@@ -127,7 +137,11 @@ def plot(task, records, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
+    pong = task.startswith("Pong")
+    if pong:
+        fig, (ax, by_frames) = plt.subplots(1, 2, figsize=(13, 5))
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"alf_async": dict(color="tab:blue", linestyle="-"),
               "tf_agents": dict(color="tab:orange", linestyle="--")}
     labelled = set()
@@ -143,14 +157,29 @@ def plot(task, records, path):
         labelled.add(side)
         ax.plot(xs, ys, marker="o", markersize=3, label=label, **styles[side])
         ax.annotate(f"seed {seed}", (xs[-1], ys[-1]), fontsize=7, color=styles[side]["color"])
+        if pong:
+            frames = [steps * FRAMES_PER_STEP / 1e6 for _, steps, _, _ in evaluations]
+            by_frames.plot(frames, ys, marker="o", markersize=3, label=label, **styles[side])
     if task in ATARI:
         ax.axhline(DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES, color="gray", linestyle=":",
                    label="Dopamine DQN, mean training score over its first 1M frames")
     ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
-    ax.set_ylabel("game score (eval epsilon)" if task in ATARI else "greedy eval return")
+    ax.set_ylabel("game score (evaluation games)" if task in ATARI else "greedy eval return")
     ax.set_title(f"{algorithm(task)} {task}: evaluation vs wall-clock time")
     ax.grid(alpha=0.3)
     ax.legend()
+    if pong:
+        by_frames.plot([steps * FRAMES_PER_STEP / 1e6 for steps, _ in BASELINES_PPO2_PONG],
+                       [score for _, score in BASELINES_PPO2_PONG], color="gray", linestyle=":",
+                       marker="x", label="OpenAI baselines ppo2, PongNoFrameskip-v4 (no sticky "
+                                         "actions), openrlbenchmark")
+        by_frames.set_xlim(0, max([1.0] + [r["env_steps"] * FRAMES_PER_STEP / 1e6
+                                           for r in records.values()]) * 1.05)
+        by_frames.set_xlabel("frames (millions; 4 per agent step)")
+        by_frames.set_ylabel("game score")
+        by_frames.set_title("the same evaluations against frames")
+        by_frames.grid(alpha=0.3)
+        by_frames.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

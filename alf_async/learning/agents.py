@@ -248,9 +248,11 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     this builder's.
 
     Args:
-        time_step_spec, action_spec: the environment's specs.
+        time_step_spec: the environment's TimeStep spec.
+        action_spec: the environment's action spec.
         train_step_counter: the global step variable (one per minibatch step).
-        actor_fc_layer_params, value_fc_layer_params: the networks' dense layers.
+        actor_fc_layer_params: the actor network's dense layers.
+        value_fc_layer_params: the value network's dense layers.
         conv_layer_params: (filters, kernel size, stride) tuples before the
             dense layers of both networks (discrete actions only), or None.
         learning_rate: Adam's learning rate.
@@ -302,7 +304,8 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
     are bound on `ImpalaAgent.*` in gin.
 
     Args:
-        time_step_spec, action_spec: the environment's specs.
+        time_step_spec: the environment's TimeStep spec.
+        action_spec: the environment's (discrete) action spec.
         train_step_counter: the global step variable (one per batch).
         conv_layer_params: (filters, kernel size, stride) tuples, or None.
         fc_layer_params: the torso's dense layers after the convolutions.

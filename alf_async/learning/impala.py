@@ -102,7 +102,8 @@ class ActorCriticPolicy(tf_policy.TFPolicy):
     """Samples actions from an `ActorCriticNetwork`'s logits.
 
     Args:
-        time_step_spec, action_spec: the environment's specs.
+        time_step_spec: the environment's TimeStep spec.
+        action_spec: the environment's action spec.
         actor_critic_network: the `ActorCriticNetwork`.
         emit_log_probability: record log pi(a|x) of each action in
             `policy_info.log_probability` (the collect policy does).
@@ -132,19 +133,22 @@ class ImpalaAgent(tf_agent.TFAgent):
     """Actor-critic with V-trace on batches of linked unrolls (module docstring).
 
     Args:
-        time_step_spec, action_spec: the environment's specs (one discrete action).
+        time_step_spec: the environment's TimeStep spec.
+        action_spec: the environment's action spec (one discrete action).
         actor_critic_network: an `ActorCriticNetwork`.
         optimizer: a Keras optimizer.
         discount_factor: gamma.
         entropy_regularization: the entropy bonus's coefficient.
         value_pred_loss_coef: the baseline loss's coefficient.
         gradient_clipping: clip the gradient's global norm to this (None: no clip).
-        clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold: V-trace's
-            clips (`vtrace_returns`).
+        clip_rho_threshold: V-trace's rho_bar (`vtrace_returns`).
+        clip_pg_rho_threshold: V-trace's clip of the policy-gradient ratio.
+        clip_c_threshold: V-trace's c_bar.
         reward_clip: (low, high): rewards are clipped to this for training
             (Atari's [-1, 1]); None: not clipped.
         train_step_counter: the global step variable (incremented by each train).
-        debug_summaries, summarize_grads_and_vars: as tf-agents' agents.
+        debug_summaries: as tf-agents' agents.
+        summarize_grads_and_vars: as tf-agents' agents.
         name: the agent's name.
     """
 

@@ -45,10 +45,12 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
     """PPOClipAgent with minibatched epochs over its batch's transitions.
 
     Args:
-        *args, **kwargs: `PPOClipAgent`'s (num_epochs: passes over each
-            batch; compute_value_and_advantage_in_train must stay True).
+        *args: `PPOClipAgent`'s positional arguments.
         num_minibatches: minibatches each pass is split into (transitions
             that do not divide evenly are left out of that pass).
+        **kwargs: `PPOClipAgent`'s keyword arguments (num_epochs: passes
+            over each batch; compute_value_and_advantage_in_train must
+            stay True).
     """
 
     def __init__(self, *args, num_minibatches=1, **kwargs):
@@ -81,7 +83,9 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
         """GAE (or returns - values), bootstrapped with the last step's value.
 
         Args:
-            rewards, returns, discounts: [B, T].
+            rewards: [B, T].
+            returns: [B, T] (used without GAE).
+            discounts: [B, T].
             value_preds: [B, T + 1], the last the unroll's bootstrap value.
         """
         final_value = value_preds[:, -1]
