@@ -129,7 +129,9 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
         variables = self.variables_to_train()
 
         def minibatch_step(i, _):
-            index = order[i * size:(i + 1) * size]
+            # Minibatch i % num_minibatches of epoch i // num_minibatches.
+            start = (i // self._num_minibatches) * n + (i % self._num_minibatches) * size
+            index = order[start:start + size]
             mb = tf.nest.map_structure(lambda t: tf.gather(t, index)[:, None], batch)
             with tf.GradientTape() as tape:
                 loss_info = self.get_loss(
