@@ -295,3 +295,53 @@ def slow_cartpole(step_secs=0.005):
 def cartpole():
     """gym CartPole-v0; picklable by reference (for SubprocessEnv and Ray)."""
     return gym.make("CartPole-v0")
+
+
+class PixelCatchEnv(gym.Env):
+    """Catch on pixels, the smallest convolutional task that learns in seconds.
+
+    A ball falls one row a step down a `size` x `size` screen, from a random
+    column of the top row; the paddle, on the bottom row, moves left, stays
+    or moves right (actions 0, 1, 2). When the ball reaches the bottom row
+    the episode ends (a termination) with reward +1 if the paddle is under
+    it, else -1: a random policy scores about -0.6, the best +1. The
+    observation is uint8 [size, size, 1], 255 where the ball and the paddle
+    are, like an Atari screen's stack of one frame.
+    """
+
+    def __init__(self, size=8):
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 1), np.uint8)
+        self.action_space = gym.spaces.Discrete(3)
+        self._size = size
+        self._rng = np.random.default_rng()
+        self._ball = self._paddle = None
+
+    def _obs(self):
+        obs = np.zeros((self._size, self._size, 1), np.uint8)
+        obs[self._ball[0], self._ball[1], 0] = 255
+        obs[self._size - 1, self._paddle, 0] = 255
+        return obs
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._ball = [0, int(self._rng.integers(self._size))]
+        self._paddle = int(self._rng.integers(self._size))
+        return self._obs()
+
+    def step(self, action):
+        self._paddle = int(np.clip(self._paddle + int(action) - 1, 0, self._size - 1))
+        self._ball[0] += 1
+        done = self._ball[0] == self._size - 1
+        reward = (1.0 if self._paddle == self._ball[1] else -1.0) if done else 0.0
+        return self._obs(), reward, done, {}
+
+
+def load_pixel_catch(env_name, batch_size=1, seed=None, size=8):
+    """`batch_size` PixelCatchEnvs as one batched TFEnvironment (a suite's
+    load function: `suites.register_suite('pixel_catch', load_pixel_catch)`;
+    `env_name` is ignored)."""
+    del env_name
+    from alf_async.environments import gym_batch  # pylint: disable=import-outside-toplevel
+    return tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
+        [PixelCatchEnv(size) for _ in range(batch_size)], seed=seed))
