@@ -26,7 +26,7 @@ from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
 from alf_async.learning import impala
-from alf_async.learning.ppo import MinibatchPPOClipAgent
+from alf_async.learning.ppo import MinibatchPPOClipAgent, TorsoValueNetwork
 
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
@@ -231,15 +231,18 @@ def _check_count(binding, value):
 @gin.configurable
 def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_params=(64, 64),
               value_fc_layer_params=(64, 64), conv_layer_params=None, learning_rate=3e-4,
-              adam_epsilon=1e-5, num_epochs=4, num_minibatches=4):
+              adam_epsilon=1e-5, num_epochs=4, num_minibatches=4, shared_torso=None):
     """tf-agents' PPOClipAgent with an actor-distribution and a value network
     and Adam, trained in minibatches (`ppo.MinibatchPPOClipAgent`).
 
     Networks: for discrete actions an `ActorDistributionNetwork`
-    (categorical) and a `ValueNetwork`, each its own torso: the
-    convolutions, if any, then the dense layers, ReLU with convolutions and
-    tanh without (CleanRL's ppo_atari and ppo); uint8 observations are
-    scaled to [0, 1] inside them. For continuous actions tf-agents' own
+    (categorical): the convolutions, if any, then the dense layers, ReLU
+    with convolutions and tanh without (CleanRL's ppo_atari and ppo);
+    uint8 observations are scaled to [0, 1] inside it. The value network is
+    either a head on the actor's torso (`ppo.TorsoValueNetwork`: one
+    torso, as OpenAI baselines' ppo2 and CleanRL's ppo_atari have it, so
+    the value loss trains the features the policy sees) or a `ValueNetwork`
+    of its own (tf-agents' PPO examples). For continuous actions tf-agents' own
     MuJoCo PPO actor (`PPOActorNetwork`: tanh layers, a state-independent
     standard deviation) and a tanh `ValueNetwork`, as in its
     ppo_clip_train_eval. Every other PPO argument (clipping, GAE lambda,
@@ -259,6 +262,9 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         adam_epsilon: Adam's epsilon (1e-5 in ppo2 and CleanRL).
         num_epochs: passes over each batch of unrolls.
         num_minibatches: minibatches (of transitions) per pass.
+        shared_torso: the value network is a head on the actor's torso
+            (`value_fc_layer_params` then unused); None: shared with
+            convolutions (pixels), separate without.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
     _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
@@ -281,10 +287,19 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     else:
         actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
             tuple(actor_fc_layer_params), action_spec)
-    value_net = value_network.ValueNetwork(
-        observation_spec, preprocessing_layers=_scale_pixels(observation_spec),
-        conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
-        activation_fn=activation)
+    if shared_torso is None:
+        shared_torso = conv is not None
+    if shared_torso and not discrete:
+        raise ValueError("ppo_agent.shared_torso: the value head shares the torso of the "
+                         "discrete actor (ActorDistributionNetwork); continuous actions have "
+                         "tf-agents' MuJoCo actor, with no torso to share")
+    if shared_torso:
+        value_net = TorsoValueNetwork(actor_net)
+    else:
+        value_net = value_network.ValueNetwork(
+            observation_spec, preprocessing_layers=_scale_pixels(observation_spec),
+            conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
+            activation_fn=activation)
     optimizer = tf.keras.optimizers.Adam(learning_rate, epsilon=adam_epsilon)
     agent = MinibatchPPOClipAgent(
         time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,

@@ -41,6 +41,33 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common, object_identity, value_ops
 
 
+class TorsoValueNetwork(network.Network):
+    """A value head on the torso of an `ActorDistributionNetwork`: one
+    torso for the policy and the value, as OpenAI baselines' ppo2, CleanRL's
+    ppo_atari and IMPALA have it, so the value loss (a dense signal) trains
+    the features the policy reads. tf-agents' PPO examples give the value
+    its own network, whose features the policy never sees.
+
+    tf-agents has no accessor for an ActorDistributionNetwork's encoder,
+    so this reads its `_encoder` (tf-agents 0.19's attribute).
+
+    Args:
+        actor_net: the `ActorDistributionNetwork` whose torso is shared.
+        name: the network's name.
+    """
+
+    def __init__(self, actor_net, name="TorsoValueNetwork"):
+        super().__init__(input_tensor_spec=actor_net.input_tensor_spec, state_spec=(),
+                         name=name)
+        self._encoder = actor_net._encoder  # pylint: disable=protected-access
+        self._head = tf.keras.layers.Dense(
+            1, kernel_initializer=tf.keras.initializers.Orthogonal(1.0), name="value")
+
+    def call(self, observation, step_type=None, network_state=(), training=False):
+        hidden, _ = self._encoder(observation, step_type=step_type, training=training)
+        return tf.squeeze(self._head(hidden), -1), network_state
+
+
 class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
     """PPOClipAgent with minibatched epochs over its batch's transitions.
 
