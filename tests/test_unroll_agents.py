@@ -248,3 +248,35 @@ def test_ppo_on_pixels_learns_catch(tmp_path):
         gin.clear_config()
     assert result.stopped_by == "stop_at_eval_return", result.evaluations[-3:]
     assert result.evaluations[0][3] < 0.5   # it did not start solved
+
+
+def test_the_value_head_shares_the_actors_torso():
+    """ppo_agent with convolutions: one torso; the value head reads the
+    actor's torso output for the same observations (computed once) and
+    equals a fresh computation; the value loss reaches the torso."""
+    from alf_async.learning.ppo import TorsoValueNetwork
+    from alf_async.testing.envs import load_pixel_catch
+    env = load_pixel_catch("catch", batch_size=2, seed=0)
+    agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(),
+                             tf.Variable(0, dtype=tf.int64), conv_layer_params=((4, 3, 1),),
+                             actor_fc_layer_params=(8,))
+    actor, value = agent._actor_net, agent._value_net   # pylint: disable=protected-access
+    assert isinstance(value, TorsoValueNetwork)
+    torso = {v.ref() for v in actor.trainable_variables} - {
+        v.ref() for v in actor._projection_networks.trainable_variables}   # pylint: disable=protected-access
+    assert torso <= {v.ref() for v in value.trainable_variables}
+    obs = tf.cast(tf.random.uniform([3, 8, 8, 1], 0, 256, tf.int32), tf.uint8)
+    fresh, _ = value(obs)                 # the torso computed
+
+    def both(observation):
+        actor(observation, None, ())      # the actor remembers its torso output ...
+        return value(observation)[0]      # ... and the value head reads it
+
+    graph = tf.function(both).get_concrete_function(tf.TensorSpec(obs.shape, tf.uint8)).graph
+    assert [op.type for op in graph.get_operations()].count("Conv2D") == 1
+    with tf.GradientTape() as tape:
+        reused = both(obs)
+        loss = tf.reduce_sum(tf.square(reused))
+    np.testing.assert_allclose(reused.numpy(), fresh.numpy(), rtol=1e-6)
+    grads = tape.gradient(loss, [v.deref() for v in torso])
+    assert all(g is not None and np.any(g.numpy() != 0) for g in grads)

@@ -26,7 +26,8 @@ from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
 from alf_async.learning import impala
-from alf_async.learning.ppo import MinibatchPPOClipAgent, TorsoValueNetwork
+from alf_async.learning.ppo import (MinibatchPPOClipAgent, TorsoSharingActorNetwork,
+                                    TorsoValueNetwork)
 
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
@@ -241,8 +242,8 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     uint8 observations are scaled to [0, 1] inside it. The value network is
     either a head on the actor's torso (`ppo.TorsoValueNetwork`: one
     torso, as OpenAI baselines' ppo2 and CleanRL's ppo_atari have it, so
-    the value loss trains the features the policy sees) or a `ValueNetwork`
-    of its own (tf-agents' PPO examples). For continuous actions tf-agents' own
+    the value loss trains the features the policy sees and a minibatch runs
+    the torso once) or a `ValueNetwork` of its own (tf-agents' PPO examples). For continuous actions tf-agents' own
     MuJoCo PPO actor (`PPOActorNetwork`: tanh layers, a state-independent
     standard deviation) and a tanh `ValueNetwork`, as in its
     ppo_clip_train_eval. Every other PPO argument (clipping, GAE lambda,
@@ -280,19 +281,21 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         raise ValueError("ppo_agent.conv_layer_params: convolutional networks are for "
                          "discrete actions (pixels); this environment's actions are continuous")
     activation = tf.keras.activations.relu if conv else tf.keras.activations.tanh
-    if discrete:
-        actor_net = actor_distribution_network.ActorDistributionNetwork(
-            observation_spec, action_spec, preprocessing_layers=scale, conv_layer_params=conv,
-            fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation)
-    else:
-        actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
-            tuple(actor_fc_layer_params), action_spec)
     if shared_torso is None:
         shared_torso = conv is not None
     if shared_torso and not discrete:
         raise ValueError("ppo_agent.shared_torso: the value head shares the torso of the "
                          "discrete actor (ActorDistributionNetwork); continuous actions have "
                          "tf-agents' MuJoCo actor, with no torso to share")
+    if discrete:
+        actor_class = (TorsoSharingActorNetwork if shared_torso else
+                       actor_distribution_network.ActorDistributionNetwork)
+        actor_net = actor_class(
+            observation_spec, action_spec, preprocessing_layers=scale, conv_layer_params=conv,
+            fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation)
+    else:
+        actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
+            tuple(actor_fc_layer_params), action_spec)
     if shared_torso:
         value_net = TorsoValueNetwork(actor_net)
     else:

@@ -32,39 +32,74 @@ value bootstraps the unroll, as in GAE's definition.
 Threads: the learner's (inside its traced train step).
 """
 
+import threading
+
 import tensorflow as tf
 from tf_agents.agents import tf_agent
 from tf_agents.agents.ppo import ppo_clip_agent, ppo_utils
 from tf_agents.agents.ppo.ppo_agent import PPOLossInfo
-from tf_agents.networks import network
+from tf_agents.networks import actor_distribution_network, network
 from tf_agents.trajectories import time_step as ts
-from tf_agents.utils import common, object_identity, value_ops
+from tf_agents.utils import common, nest_utils, object_identity, value_ops
+
+
+class TorsoSharingActorNetwork(actor_distribution_network.ActorDistributionNetwork):
+    """tf-agents' `ActorDistributionNetwork` whose torso output a
+    `TorsoValueNetwork` reuses: each call remembers, for the calling thread,
+    its observations and the torso's output, so that a value head called
+    next on the same observations (PPO's loss calls the actor, then the
+    value network, on one minibatch) reads that output instead of running
+    the torso again (the convolutions are most of a train step). The memo
+    only matches the very same tensor, in the trace or eager call that made
+    it; anything else runs the torso. Arguments: `ActorDistributionNetwork`'s.
+    """
+
+    def __init__(self, input_tensor_spec, output_tensor_spec, **kwargs):
+        super().__init__(input_tensor_spec, output_tensor_spec, **kwargs)
+        self._torso_memo = threading.local()
+
+    def call(self, observations, step_type, network_state, training=False, mask=None):
+        hidden, network_state = self._encoder(observations, step_type=step_type,
+                                              network_state=network_state, training=training)
+        self._torso_memo.last = (observations, hidden, training)
+        outer_rank = nest_utils.get_outer_rank(observations, self.input_tensor_spec)
+        distributions = tf.nest.map_structure(
+            lambda net: net(hidden, outer_rank, training=training, mask=mask)[0],
+            self._projection_networks)
+        return distributions, network_state
+
+    def torso(self, observations, step_type=None, training=False):
+        """The torso's output for `observations`: the remembered one if the
+        last call of this thread was on the same tensor, else computed."""
+        last = getattr(self._torso_memo, "last", None)
+        if last is not None and last[0] is observations and last[2] == training:
+            return last[1]
+        hidden, _ = self._encoder(observations, step_type=step_type, training=training)
+        return hidden
 
 
 class TorsoValueNetwork(network.Network):
-    """A value head on the torso of an `ActorDistributionNetwork`: one
-    torso for the policy and the value, as OpenAI baselines' ppo2, CleanRL's
+    """A value head on the torso of a `TorsoSharingActorNetwork`: one torso
+    for the policy and the value, as OpenAI baselines' ppo2, CleanRL's
     ppo_atari and IMPALA have it, so the value loss (a dense signal) trains
-    the features the policy reads. tf-agents' PPO examples give the value
-    its own network, whose features the policy never sees.
-
-    tf-agents has no accessor for an ActorDistributionNetwork's encoder,
-    so this reads its `_encoder` (tf-agents 0.19's attribute).
+    the features the policy reads, and a minibatch runs the torso once for
+    both. tf-agents' PPO examples give the value its own network, whose
+    features the policy never sees.
 
     Args:
-        actor_net: the `ActorDistributionNetwork` whose torso is shared.
+        actor_net: the `TorsoSharingActorNetwork` whose torso is shared.
         name: the network's name.
     """
 
     def __init__(self, actor_net, name="TorsoValueNetwork"):
         super().__init__(input_tensor_spec=actor_net.input_tensor_spec, state_spec=(),
                          name=name)
-        self._encoder = actor_net._encoder  # pylint: disable=protected-access
+        self._actor = actor_net
         self._head = tf.keras.layers.Dense(
             1, kernel_initializer=tf.keras.initializers.Orthogonal(1.0), name="value")
 
     def call(self, observation, step_type=None, network_state=(), training=False):
-        hidden, _ = self._encoder(observation, step_type=step_type, training=training)
+        hidden = self._actor.torso(observation, step_type=step_type, training=training)
         return tf.squeeze(self._head(hidden), -1), network_state
 
 
