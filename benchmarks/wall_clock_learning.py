@@ -197,7 +197,7 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
                  np.arange(num_rows, dtype=np.int32))
     calls_per_train = q("train.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
-                      sample_batch_size=q("train.sample_batch_size"))
+                      sample_batch_size=_query("train.sample_batch_size", 64))
 
     def train_calls(k):
         for _ in range(k):

@@ -62,6 +62,14 @@ def train_rate(record):
     return record["train_steps"] / max(record["loop_secs"] - record["eval_secs"], 1e-9)
 
 
+def score_ratio(med):
+    """' (ratio r)' of the two medians where both are positive scores, else ''
+    (a ratio of Pong's negative scores says nothing)."""
+    if med["alf_async"] > 0 and med["tf_agents"] > 0:
+        return f" (ratio {med['alf_async'] / med['tf_agents']:.2f})"
+    return ""
+
+
 def duty_cycle(record):
     return train_rate(record) / record["raw_rate"]
 
@@ -112,7 +120,7 @@ def print_table(task, records, report_minutes, budget_secs):
         reach_secs = [time_to_reach(r["evaluations"], med["tf_agents"])
                       for r in runs_of(records, "alf_async")]
         print(f"median at {budget_secs / 60:g} min: alf_async {med['alf_async']:.2f}, tf_agents "
-              f"{med['tf_agents']:.2f} (ratio {med['alf_async'] / max(med['tf_agents'], 1e-9):.2f});"
+              f"{med['tf_agents']:.2f}{score_ratio(med)};"
               f" alf_async runs reaching the tf_agents median, at budget fractions: "
               f"{[None if t is None else round(t / budget_secs, 2) for t in reach_secs]}")
         steps = {side: statistics.median(r["train_steps"] for r in runs_of(records, side))
