@@ -78,7 +78,9 @@ BENCH = ["matplotlib==3.11.2"]
 # were installed beside the pinned stack (typing-extensions stays 4.5.0) with
 # `pip check` clean.
 DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings==1.0.8",
-        "mkdocstrings-python==2.0.11", "griffelib==2.4.1"]
+        "mkdocstrings-python==2.0.11", "griffelib==2.4.1",
+        # Formats the API reference's signatures (mkdocstrings-python needs black or ruff).
+        "ruff==0.17.6"]
 
 setup(
     name="alf_async",
@@ -100,7 +102,9 @@ setup(
         "envpool": ENVPOOL,
         "bench": MUJOCO + BENCH,
         "docs": DOCS,
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB] + MUJOCO + ATARI + ENVPOOL,
+        # griffelib: tests/test_docstrings.py parses the docstrings as the docs site does.
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.100", RAY, REVERB,
+                 "griffelib==2.4.1"] + MUJOCO + ATARI + ENVPOOL,
     },
     entry_points={
         "console_scripts": ["alf-async-train=alf_async.bin.train:main",

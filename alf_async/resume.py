@@ -97,7 +97,7 @@ def apply_config(configured):
 
     Returns:
         ["name = config value (the checkpoint had restored value)"] for each
-        one the checkpoint had with another value.
+            one the checkpoint had with another value.
     """
     changed = []
     for name, variable, value in configured:

@@ -368,9 +368,17 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
     Args:
         replay_address: 'host:port' of the learner's Reverb server.
         stop_event: a `threading.Event` that ends `run()`.
-        env_name, agent_fn, suite, make_env_constructor, num_envs,
-            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
-            learn_queue_cap, seed: as `trainer.train`'s.
+        env_name: as `trainer.train`'s.
+        agent_fn: as `trainer.train`'s.
+        suite: as `trainer.train`'s.
+        make_env_constructor: as `trainer.train`'s.
+        num_envs: as `trainer.train`'s.
+        env_batch_size: as `trainer.train`'s.
+        num_actor_queues: as `trainer.train`'s.
+        actor_queue_cap: as `trainer.train`'s.
+        unroll_length: as `trainer.train`'s.
+        learn_queue_cap: as `trainer.train`'s.
+        seed: as `trainer.train`'s.
         sequence_length: steps per replay item (the learner's
             `ReverbReplayer.sequence_length`); None: the replay table's
             (its signature's leading dimension). A queue of unrolls'

@@ -80,7 +80,8 @@ def launch_collectors(kind, num_collectors, address, config_path, root_dir, prin
         restart_window_secs: the sliding window of `max_restarts`.
         stop_grace_secs: how long `stop()` waits for a collector to end its
             iteration before killing it.
-        ray_address, ray_num_cpus: `ensure_ray`'s (Ray only).
+        ray_address: `ensure_ray`'s (Ray only).
+        ray_num_cpus: `ensure_ray`'s (Ray only).
         ray_actor_options: the collector actors' Ray options (default
             {'num_cpus': 0}).
     """

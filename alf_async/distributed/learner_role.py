@@ -307,7 +307,8 @@ class ReplayFeed(object):
 class FeedHealth(object):
     """`SummaryHook`'s health summaries for a `ReplayFeed`: Replay/size,
     Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
-    (observed over the interval), Collectors/restarts. `write` runs on the
+    (observed over the interval since the previous write at an earlier train
+    step; a write at the same train step writes none), Collectors/restarts. `write` runs on the
     learner's thread (under its summary writer) and blocks for one
     `server_info` call at most."""
 
@@ -321,10 +322,12 @@ class FeedHealth(object):
         limiter = table.rate_limiter_info
         now = time.monotonic()
         counts = (limiter.insert_stats.completed, limiter.sample_stats.completed)
-        last, self._last = self._last, (now, counts)
+        last = self._last
+        if last is None or int(train_step) > last[2]:   # as DriverHealth: no rate
+            self._last = (now, counts, int(train_step))  # over an empty interval
         step = tf.constant(train_step, tf.int64)
         tf.summary.scalar("Replay/size", table.current_size, step=step)
-        if last is not None and now > last[0]:
+        if last is not None and int(train_step) > last[2] and now > last[0]:
             inserts, samples = counts[0] - last[1][0], counts[1] - last[1][1]
             tf.summary.scalar("Replay/inserts_per_sec", inserts / (now - last[0]), step=step)
             tf.summary.scalar("Replay/samples_per_sec", samples / (now - last[0]), step=step)

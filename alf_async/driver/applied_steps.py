@@ -93,7 +93,7 @@ class InertBoundaries(object):
 
         Returns:
             `unroll` itself when every transition is trainable, else a copy
-            whose untrainable transitions are inert boundaries.
+                whose untrainable transitions are inert boundaries.
         """
         traj = tf.nest.pack_sequence_as(self._trajectory_spec, unroll[:self._num_leaves])
         step_type = np.asarray(traj.step_type)

@@ -205,9 +205,9 @@ class AsyncOffPolicyDriver(object):
 
         Returns:
             (exp, env_ids, steps): `exp` a batch-major Trajectory
-            [learn_queue_cap * B, unroll_length, ...]; `env_ids` int32
-            [learn_queue_cap * B], the global env id of each row; `steps` the
-            number of env steps in it.
+                [learn_queue_cap * B, unroll_length, ...]; `env_ids` int32
+                [learn_queue_cap * B], the global env id of each row; `steps` the
+                number of env steps in it.
 
         Raises:
             Exception: the first exception of any driver thread, with its type.
@@ -230,7 +230,7 @@ class AsyncOffPolicyDriver(object):
 
         Returns:
             The number of env steps in the batch
-            (learn_queue_cap * unroll_length * B).
+                (learn_queue_cap * unroll_length * B).
         """
         exp, env_ids, steps = self.get_training_exps()
         for observer in self._exp_observers:
@@ -255,8 +255,8 @@ class AsyncOffPolicyDriver(object):
 
         Returns:
             dict with env_steps, action_wait_secs (summed over env threads),
-            actor_batches, actor_rows, actor_inference_secs (summed over
-            actors), learn_queue_size, actor_queue_sizes, log_queue_size.
+                actor_batches, actor_rows, actor_inference_secs (summed over
+                actors), learn_queue_size, actor_queue_sizes, log_queue_size.
         """
         q = self._queues
         return dict(

@@ -263,8 +263,8 @@ class RowRecorder(object):
 
         Returns:
             (unroll, trainable, rows): the flat trajectory [n, T, ...] + the
-            rows' env ids [n]; each transition's trainable flag [n, T]; each
-            unroll's row [n] (a row may appear more than once).
+                rows' env ids [n]; each transition's trainable flag [n, T]; each
+                unroll's row [n] (a row may appear more than once).
         """
         complete = [self.complete.popleft() for _ in range(len(self.complete))]
         unroll = [np.stack(leaves) for leaves in zip(*(c[0] for c in complete))]

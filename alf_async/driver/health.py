@@ -9,8 +9,10 @@ from alf_async.environments.capabilities import restarts_of
 
 
 class DriverHealth(object):
-    """Writes the driver's health as summaries: rates over the last interval
-    (Perf/...), queue occupancy (Queues/...), environment restarts (Env/..., of `Restartable` environments).
+    """Writes the driver's health as summaries: rates over the interval since
+    the previous write at an earlier train step (Perf/...; a write at the same
+    train step writes none), queue occupancy (Queues/...), environment
+    restarts (Env/..., of `Restartable` environments).
 
     Args:
         driver: the AsyncOffPolicyDriver (its perf stats, queues, environments).
@@ -26,9 +28,15 @@ class DriverHealth(object):
         """Writes the summaries at `train_step` (call under a default writer)."""
         stats = self._driver.get_perf_stats()
         now = self._clock()
-        last, self._last = self._last, (now, int(train_step), stats)
+        last = self._last
         step = tf.constant(train_step, tf.int64)
-        if last is not None and now > last[0]:
+        # Rates are points against the train step: a write at the step of the
+        # previous one (the run's final write right after an interval's) has no
+        # interval of its own, so it writes no rates and the next interval
+        # starts from the previous point.
+        if last is None or int(train_step) > last[1]:
+            self._last = (now, int(train_step), stats)
+        if last is not None and int(train_step) > last[1] and now > last[0]:
             dt = now - last[0]
             old = last[2]
             batches = stats["actor_batches"] - old["actor_batches"]

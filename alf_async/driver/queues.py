@@ -146,8 +146,10 @@ class TFQueues(object):
             num_actor_queues: number of actor threads (one queue each); env
                 thread i uses actor queue i % num_actor_queues.
             unroll_length: T, steps per unroll.
-            time_step_spec, policy_state_spec, policy_step_spec,
-            trajectory_spec: unbatched TensorSpec nests.
+            time_step_spec: the unbatched TimeStep spec nest.
+            policy_state_spec: the unbatched policy state spec nest.
+            policy_step_spec: the unbatched PolicyStep spec nest.
+            trajectory_spec: the unbatched Trajectory spec nest.
             log_queue_cap: capacity of the log queue in rows (default
                 2 * num_envs * B).
 

@@ -97,10 +97,10 @@ class AppliedStep(abc.ABC):
 
         Returns:
             (action, trainable): `action` the action nest actually applied
-            (numpy, with the environment's batch dimension when it is
-            batched), or None when it applied the action it was given;
-            `trainable` a bool (a bool array [batch_size] when batched):
-            False keeps the transition from the learner.
+                (numpy, with the environment's batch dimension when it is
+                batched), or None when it applied the action it was given;
+                `trainable` a bool (a bool array [batch_size] when batched):
+                False keeps the transition from the learner.
         """
 
 

@@ -111,7 +111,7 @@ class EnvPoolRows(object):
 
         Returns:
             A list of (row, None): k rows, or none if fewer than k were in
-            flight (after sleeping `timeout` seconds).
+                flight (after sleeping `timeout` seconds).
         """
         if self._rows:
             rows = np.asarray(self._rows, np.int32)

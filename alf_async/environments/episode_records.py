@@ -92,7 +92,7 @@ class PendingAction(object):
 
         Returns:
             None when the call is complete (now or before: closed episode,
-            TimeoutError, ...); the seconds left when called early (call again).
+                TimeoutError, ...); the seconds left when called early (call again).
         """
         return self._table._expire_async(self)
 

@@ -132,8 +132,8 @@ class SlotSide(object):
 
         Returns:
             A list of (slot, unbatched time step, or the exception its
-            `slot_step` would raise), possibly empty; closed slots (the
-            driver is stopping) never appear.
+                `slot_step` would raise), possibly empty; closed slots (the
+                driver is stopping) never appear.
         """
         with self._lock:
             while True:

@@ -70,9 +70,12 @@ class EpisodeTable(SlotSide):
         Args:
             owner: the ExternalEnv (a Thread whose `run` is the user's loop
                 and whose `on_stop()` is called on stop).
-            action_array_spec, observation_array_spec: array spec nests.
-            max_concurrent, action_timeout, episode_idle_timeout,
-                max_pending_steps: see ExternalEnv.
+            action_array_spec: the action array spec nest.
+            observation_array_spec: the observation array spec nest.
+            max_concurrent: see ExternalEnv.
+            action_timeout: see ExternalEnv.
+            episode_idle_timeout: see ExternalEnv.
+            max_pending_steps: see ExternalEnv.
         """
         self._owner = owner
         self.action_array_spec = action_array_spec
@@ -193,12 +196,15 @@ class EpisodeTable(SlotSide):
 
         Returns:
             A PendingAction (call its `expire()` at its `deadline`), or None
-            when queueing the step would wait for back-pressure
-            (`max_pending_steps`): then nothing was changed; call the blocking
-            get_action (on a thread of its own).
+                when queueing the step would wait for back-pressure
+                (`max_pending_steps`): then nothing was changed; call the blocking
+                get_action (on a thread of its own).
 
         Raises:
-            What get_action raises before it waits (nothing was queued).
+            ValueError: what get_action raises before it waits: an unknown or
+                finished episode, an observation or reward it refuses
+                (nothing was queued).
+            ExternalEnvStoppedError: the table was stopped (nothing was queued).
         """
         obs = check_nest(observation, self.observation_array_spec, "observation")
         r = None if reward is None else check_reward(reward)

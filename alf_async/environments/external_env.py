@@ -386,8 +386,8 @@ class ExternalEnv(threading.Thread):
 
         Returns:
             A PendingAction, or None when the step would have to wait for
-            back-pressure (`max_pending_steps`): nothing was queued or
-            added; call get_action on a thread that may block.
+                back-pressure (`max_pending_steps`): nothing was queued or
+                added; call get_action on a thread that may block.
 
         Raises:
             Exception: what get_action raises before it waits (nothing is
@@ -404,7 +404,8 @@ class ExternalEnv(threading.Thread):
         Raises:
             ValueError: unknown or finished episode, or an observation or
                 action that does not match its spec (nothing is queued).
-            TimeoutError, ExternalEnvStoppedError: as get_action.
+            TimeoutError: as get_action.
+            ExternalEnvStoppedError: as get_action.
         """
         self.__table.log_action(episode_id, observation, action, timeout)
 
@@ -428,7 +429,9 @@ class ExternalEnv(threading.Thread):
         any action produces no experience.
 
         Raises:
-            ValueError, TimeoutError, ExternalEnvStoppedError: as get_action.
+            ValueError: as get_action.
+            TimeoutError: as get_action.
+            ExternalEnvStoppedError: as get_action.
         """
         self.__table.end_episode(episode_id, observation, timeout)
 

@@ -325,11 +325,11 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
 
         Returns:
             (connection, deadline): the reply can be received without waiting
-            once the connection is readable (the child answered, or died) or
-            `time.monotonic()` has passed `deadline` (the child is hung);
-            or None when the receive needs no wait: the step is answered
-            without the child (owed since a restart), or the child died as
-            the request was sent (the receive restarts it).
+                once the connection is readable (the child answered, or died) or
+                `time.monotonic()` has passed `deadline` (the child is hung);
+                or None when the receive needs no wait: the step is answered
+                without the child (owed since a restart), or the child died as
+                the request was sent (the receive restarts it).
         """
         in_flight = self._in_flight
         if in_flight is None or in_flight.pending or in_flight.failure is not None:

@@ -153,7 +153,7 @@ def make_env(env_name, **knobs):
 
     Returns:
         A gymnasium.Env with observations uint8 [screen_size, screen_size,
-        stack_size] and the game's Discrete actions.
+            stack_size] and the game's Discrete actions.
 
     Raises:
         ValueError: ale-py or opencv missing, an unknown id, an unknown knob
@@ -196,7 +196,7 @@ def load(env_name, batch_size=1, seed=None, **knobs):
 
     Returns:
         A TFPyEnvironment: observation BoundedArraySpec uint8 [84, 84, 4]
-        in [0, 255] with the defaults, action int64 scalar in [0, n - 1].
+            in [0, 255] with the defaults, action int64 scalar in [0, n - 1].
 
     Raises:
         ValueError: see `make_env`.

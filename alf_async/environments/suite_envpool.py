@@ -503,8 +503,8 @@ def load(env_name, batch_size=1, seed=None, **knobs):
 
     Returns:
         A TFPyEnvironment over an `EnvPoolEnv`: for Atari games observation
-        BoundedArraySpec uint8 [84, 84, 4] in [0, 255] with the defaults and
-        action int64 scalar in [0, n - 1]; for other tasks suite_gymnasium's
-        specs of the same id.
+            BoundedArraySpec uint8 [84, 84, 4] in [0, 255] with the defaults and
+            action int64 scalar in [0, n - 1]; for other tasks suite_gymnasium's
+            specs of the same id.
     """
     return tf_py_environment.TFPyEnvironment(make_env(env_name, batch_size, seed, **knobs))

@@ -236,7 +236,7 @@ class Learner(object):
 
         Returns:
             Why it stopped: 'num_iterations', 'num_env_steps',
-            'num_train_steps', 'stop_event' or the reason a hook gave.
+                'num_train_steps', 'stop_event' or the reason a hook gave.
 
         Raises:
             Exception: the first error of any driver thread or hook, with its

@@ -409,7 +409,7 @@ class UniformReplayer(Replayer):
 
         Returns:
             A nest like `data_spec` of [sample_batch_size, num_steps, ...].
-            Fails (InvalidArgumentError) if no row holds a whole window yet.
+                Fails (InvalidArgumentError) if no row holds a whole window yet.
         """
         n = 1 if num_steps is None else int(num_steps)
         index = self._index(*self._sample_steps(sample_batch_size, n))

@@ -140,7 +140,7 @@ class PolicyClient(object):
 
         Returns:
             Remote: the action as decoded JSON (a number, or nested lists and
-            objects following the action spec). Local: numpy arrays.
+                objects following the action spec). Local: numpy arrays.
         """
         if self._mode == "local":
             if reward is not None:

@@ -64,8 +64,8 @@ class HTTPFront(object):
                  should_stop=None, stop_grace=None, backlog=128):
         """
         Args:
-            host, port: where to listen (bound here: errors raise here; port
-                0 picks a free one, see `address`).
+            host: the address to listen on (bound here: errors raise here).
+            port: the port to listen on (0 picks a free one, see `address`).
             handler: `handler(request)`, called on the loop thread with
                 each complete request; it answers with `request.respond`.
             max_body_bytes: larger bodies get 413.

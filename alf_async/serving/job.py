@@ -72,8 +72,10 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
     """Binds a PolicyServerEnv with `env_name`'s specs; returns its `ServingEnvConstructor`.
 
     Args:
-        suite, env_name: the local environment whose action and observation
-            specs the served episodes must match (built once, then closed).
+        suite: the suite of the local environment whose action and
+            observation specs the served episodes must match (built once,
+            then closed).
+        env_name: that environment's name in `suite`.
         batch_size: slots per env thread (`train.env_batch_size`; each slot
             serves one episode at a time).
         seed: unused (the clients' environments are theirs).
