@@ -61,6 +61,7 @@ runs whose parsed gin configs differ; `--sides alf_async` runs one side only
 """
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -197,7 +198,8 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
                  np.arange(num_rows, dtype=np.int32))
     calls_per_train = q("train.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
-                      sample_batch_size=_query("train.sample_batch_size", 64))
+                      sample_batch_size=_query("train.sample_batch_size", inspect.signature(
+                          trainer.train).parameters["sample_batch_size"].default))
 
     def train_calls(k):
         for _ in range(k):

@@ -168,7 +168,7 @@ def plot(task, records, path):
         if pong:
             frames = [steps * FRAMES_PER_STEP / 1e6 for _, steps, _, _ in evaluations]
             by_frames.plot(frames, ys, marker="o", markersize=3, label=label, **styles[side])
-    if task in ATARI:
+    if task.startswith("Breakout"):
         ax.axhline(DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES, color="gray", linestyle=":",
                    label="Dopamine DQN, mean training score over its first 1M frames")
     ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")

@@ -262,8 +262,9 @@ def test_the_value_head_shares_the_actors_torso():
                              actor_fc_layer_params=(8,))
     actor, value = agent._actor_net, agent._value_net   # pylint: disable=protected-access
     assert isinstance(value, TorsoValueNetwork)
+    heads = actor._projection_networks   # pylint: disable=protected-access
     torso = {v.ref() for v in actor.trainable_variables} - {
-        v.ref() for v in actor._projection_networks.trainable_variables}   # pylint: disable=protected-access
+        v.ref() for v in heads.trainable_variables}
     assert torso <= {v.ref() for v in value.trainable_variables}
     obs = tf.cast(tf.random.uniform([3, 8, 8, 1], 0, 256, tf.int32), tf.uint8)
     fresh, _ = value(obs)                 # the torso computed

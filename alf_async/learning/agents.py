@@ -243,7 +243,8 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     either a head on the actor's torso (`ppo.TorsoValueNetwork`: one
     torso, as OpenAI baselines' ppo2 and CleanRL's ppo_atari have it, so
     the value loss trains the features the policy sees and a minibatch runs
-    the torso once) or a `ValueNetwork` of its own (tf-agents' PPO examples). For continuous actions tf-agents' own
+    the torso once) or a `ValueNetwork` of its own (tf-agents' PPO
+    examples). For continuous actions tf-agents' own
     MuJoCo PPO actor (`PPOActorNetwork`: tanh layers, a state-independent
     standard deviation) and a tanh `ValueNetwork`, as in its
     ppo_clip_train_eval. Every other PPO argument (clipping, GAE lambda,
