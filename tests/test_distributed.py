@@ -208,7 +208,7 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
         logs = [open(tmp_path / "collectors" / str(i) / "log.txt").read() for i in (0, 1)]
         assert sum(log.count("=== ") for log in logs) == 3  # 2 started + 1 restart
         train_tags = read_scalars(str(tmp_path / "train"))
-        assert {"Metrics/AverageReturn", "Learner/loss", "Replay/size",
+        assert {"Metrics/AverageReturn", "Losses/td_loss", "Replay/size",
                 "Replay/samples_per_insert", "Collectors/restarts"} <= set(train_tags)
         assert train_tags["Collectors/restarts"][-1][1] == 1.0
         assert any("Metrics/AverageReturn" in read_scalars(str(tmp_path / "collectors" / str(i)))

@@ -11,6 +11,7 @@ from tf_agents.environments import batched_py_environment, tf_py_environment
 from tf_agents.metrics import tf_metrics
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.driver.health import DriverHealth
 from alf_async.driver.metrics import AsyncStepMetric, by_name
 from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
@@ -382,3 +383,37 @@ def test_perf_stats_count_steps_and_batches():
     assert stats["env_steps"] <= stats["actor_rows"] <= stats["env_steps"] + 4 * 4
     assert stats["actor_batches"] * 4 >= stats["env_steps"]
     assert stats["actor_inference_secs"] > 0 and stats["action_wait_secs"] > 0
+
+
+def test_health_rates_are_one_point_per_interval_and_none_at_a_repeated_step(tmp_path):
+    # The run's final write lands on the train step of the regular write just
+    # before it: that interval has no train steps, and writes no rates.
+    driver = make(CountingEnvConstructor(batch_size=2), num_envs=2, unroll_length=4,
+                  learn_queue_cap=2, actor_queue_cap=2)
+    clock = iter([100.0, 102.0, 103.0, 107.0]).__next__
+    health = DriverHealth(driver, clock=clock)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    driver.start()
+    try:
+        with writer.as_default():
+            driver.run_async()
+            health.write(10)
+            for _ in range(3):
+                driver.run_async()
+            health.write(20)       # 2 s after the write at 10
+            health.write(20)       # the final write: no interval of its own
+            health.write(30)       # 5 s after the write at 20
+    finally:
+        driver.stop()
+    writer.close()
+    scalars = {}
+    for path in tmp_path.iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    assert scalars["Perf/train_steps_per_sec"] == [(20, 5.0), (30, 2.0)]
+    for tag in ("Perf/env_steps_per_sec", "Perf/action_wait_fraction"):
+        assert [step for step, _ in scalars[tag]] == [20, 30], tag
+    # Occupancy is a state, not a rate: one point per write.
+    assert [step for step, _ in scalars["Queues/learn_queue_occupancy"]] == [10, 20, 20, 30]

@@ -28,7 +28,7 @@ TRAIN_TAGS = {
     "Metrics/AverageReturn", "Metrics/AverageEpisodeLength", "Metrics/NumberOfEpisodes",
     "Metrics/EnvironmentSteps", "Metrics_vs_EnvironmentSteps/AverageReturn",
     "Metrics_vs_EnvironmentSteps/AverageEpisodeLength",
-    "Metrics_vs_NumberOfEpisodes/AverageReturn", "Learner/loss", "Losses/total_loss",
+    "Metrics_vs_NumberOfEpisodes/AverageReturn", "Losses/td_loss", "Losses/total_loss",
     "Perf/env_steps_per_sec", "Perf/train_steps_per_sec", "Perf/action_wait_fraction",
     "Perf/actor_inference_ms_per_batch", "Perf/actor_batch_size",
     "Queues/learn_queue_occupancy", "Queues/actor_queue_occupancy", "Queues/log_queue_size",
@@ -70,8 +70,9 @@ def test_smoke_run_reaches_the_learner_and_writes_everything(tmp_path, smoke_gin
     assert result.global_step > 0
     train = read_scalars(str(tmp_path / "train"))
     assert TRAIN_TAGS <= set(train), TRAIN_TAGS - set(train)
-    losses = [v for _, v in train["Learner/loss"]]
+    losses = [v for _, v in train["Losses/td_loss"]]
     assert losses and all(np.isfinite(losses))
+    assert not any(tag.startswith("Learner/") for tag in train)   # one loss family: Losses/
     assert max(v for _, v in train["Metrics/EnvironmentSteps"]) > 0
     assert "Env/restarts" not in train  # gym envs have no restarts
     evaluation = read_scalars(str(tmp_path / "eval"))
@@ -197,9 +198,10 @@ def test_sac_plugs_in(tmp_path):
                            sample_batch_size=8, num_eval_episodes=1, eval_interval=4,
                            print_fn=lambda line: None)
     assert result.global_step == 5
-    losses = [v for _, v in read_scalars(str(tmp_path / "train"))["Learner/loss"]]
+    train = read_scalars(str(tmp_path / "train"))
+    losses = [v for _, v in train["Losses/critic_loss"]]
     assert losses and np.isfinite(losses).all()
-    assert "Learner/critic_loss" in read_scalars(str(tmp_path / "train"))
+    assert {"Losses/actor_loss", "Losses/alpha_loss"} <= set(train)
 
 
 def _built_learner(train_steps_per_iteration=3, wrap_agent=None):

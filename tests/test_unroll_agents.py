@@ -114,6 +114,58 @@ def test_ppo_trains_against_the_dist_params_recorded_at_act_time():
     assert step.numpy() == 2
 
 
+def _scalars(directory):
+    """{tag: [(step, value)]} of the event files in `directory`."""
+    out = {}
+    for path in directory.iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    return out
+
+
+def test_each_agent_writes_its_losses_once_per_train_call_under_losses(tmp_path):
+    env = _cartpole()
+    ppo_step, impala_step = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
+    ppo = agents.ppo_agent(env.time_step_spec(), env.action_spec(), ppo_step,
+                           actor_fc_layer_params=(8,), value_fc_layer_params=(8,),
+                           num_epochs=3, num_minibatches=2)
+    impala = agents.impala_agent(env.time_step_spec(), env.action_spec(), impala_step,
+                                 fc_layer_params=(8,))
+    writers = {name: tf.summary.create_file_writer(str(tmp_path / name))
+               for name in ("ppo", "impala")}
+    with tf.summary.record_if(True):
+        with writers["ppo"].as_default():
+            ppo_info = ppo.train(_linked(_collect(env, ppo.collect_policy, 5)))
+        with writers["impala"].as_default():
+            impala_info = impala.train(_linked(_collect(env, impala.collect_policy, 5)))
+    for writer in writers.values():
+        writer.close()
+    # PPO: the means over the update's 6 gradient steps, at the step it ends
+    # on, under tf-agents' PPO tags; no single minibatch's summary.
+    written = _scalars(tmp_path / "ppo")
+    extra = ppo_info.extra
+    expected = {name: float(getattr(extra, name)) for name in (
+        "policy_gradient_loss", "value_estimation_loss", "l2_regularization_loss",
+        "entropy_regularization_loss", "kl_penalty_loss", "clip_fraction")}
+    expected["total_abs_loss"] = sum(abs(v) for k, v in expected.items() if k != "clip_fraction")
+    assert set(written) == {"Losses/" + name for name in expected}
+    for name, value in expected.items():
+        assert written["Losses/" + name] == [(6, pytest.approx(value, rel=1e-5))], name
+    # IMPALA: one gradient step, written at the step it starts from (as
+    # tf-agents' DQN and SAC write theirs).
+    written = _scalars(tmp_path / "impala")
+    assert written == {
+        "Losses/loss": [(0, pytest.approx(float(impala_info.loss), rel=1e-5))],
+        **{f"{family}/{name}": [(0, pytest.approx(float(getattr(impala_info.extra, name)),
+                                                  rel=1e-5))]
+           for family, names in (("Losses", ("policy_gradient_loss", "value_estimation_loss",
+                                             "entropy")),
+                                 ("Learner", ("mean_rho", "clipped_rho_fraction")))
+           for name in names}}
+
+
 def test_ppo_makes_epochs_times_minibatches_gradient_steps_per_batch():
     env = _cartpole()
     step = tf.Variable(0, dtype=tf.int64)

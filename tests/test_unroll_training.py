@@ -36,7 +36,14 @@ def test_ppo_cartpole_learns_and_reports_the_policy_lag(tmp_path):
     # 16 gradient steps per batch (4 epochs x 4 minibatches): the lag of a
     # batch collected while the learner trained on earlier ones is positive.
     assert max(lags) > 0
-    assert "Learner/policy_gradient_loss" in scalars
+    # One point per update (16 gradient steps, summary_interval 16): the
+    # update's means under tf-agents' PPO tags, none of a single minibatch.
+    steps = [step for step, _ in scalars["Losses/policy_gradient_loss"]]
+    assert steps == list(range(16, 16 * len(steps) + 1, 16))
+    for tag in ("value_estimation_loss", "entropy_regularization_loss", "total_abs_loss",
+                "clip_fraction"):
+        assert [step for step, _ in scalars["Losses/" + tag]] == steps, tag
+    assert "Losses/entropy" not in scalars
 
 
 @pytest.mark.parametrize("param, named", [

@@ -1,4 +1,4 @@
-"""Summaries of the driver's health (Perf/, Queues/, Env/) and the learner's loss."""
+"""Summaries of the driver's health (Perf/, Queues/, Env/)."""
 
 import time
 
@@ -66,12 +66,3 @@ class DriverHealth(object):
         if restarts:
             tf.summary.scalar("Env/restarts", sum(restarts), step=step)
 
-
-def write_loss(loss_info, step):
-    """Learner/loss and each scalar of the agent's LossInfo.extra (Learner/<name>)."""
-    tf.summary.scalar("Learner/loss", loss_info.loss, step=step)
-    extra = loss_info.extra
-    if hasattr(extra, "_asdict"):
-        for name, value in extra._asdict().items():
-            if isinstance(value, (tf.Tensor, np.ndarray, float)) and np.ndim(value) == 0:
-                tf.summary.scalar(f"Learner/{name}", value, step=step)

@@ -1,9 +1,10 @@
 """What the learner does besides training, as `Hook`s (tf-agents' triggers):
 
-- `SummaryHook(interval)`: the driver's metrics (tf-agents' tags), the
-  learner's loss and, for unroll agents, the policy lag of the latest
-  batch (Learner/...) and the driver's health (Perf/, Queues/, Env/) every
-  `interval` train steps and at the end, to the learner's summary writer.
+- `SummaryHook(interval)`: the driver's metrics (tf-agents' tags), for
+  unroll agents the policy lag of the latest batch (Learner/...) and the
+  driver's health (Perf/, Queues/, Env/) every `interval` train steps and
+  at the end, to the learner's summary writer. The losses are the agent's
+  own summaries (tf-agents' `Losses/...`), written inside its train step.
 - `EvaluationHook(evaluator, writer, interval, stop_at_return, solved)`: the
   greedy policy's average return every `interval` train steps (its graph is
   traced on the learner's helper thread once training starts); stops the
@@ -23,7 +24,7 @@ import time
 import tensorflow as tf
 
 from alf_async.driver import metrics as metrics_lib
-from alf_async.driver.health import DriverHealth, write_loss
+from alf_async.driver.health import DriverHealth
 from alf_async.learning.learner import Hook, crossed
 
 
@@ -55,8 +56,6 @@ class SummaryHook(Hook):
             for metric in driver.get_metrics():
                 metric.tf_summaries(train_step=learner.agent.train_step_counter,
                                     step_metrics=driver.get_step_metrics())
-            if learner.loss is not None:
-                write_loss(learner.loss, step)
             lag = learner.replayer.policy_lag() if learner.replayer is not None else None
             if lag is not None:
                 tf.summary.scalar("Learner/policy_lag", lag[0], step=step)

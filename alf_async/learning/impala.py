@@ -28,6 +28,11 @@ nor leaks into its neighbours: its TD error is made 0 (discount 0, reward
 V), so its V-trace target is its own value, which is what a transition cut
 by a time limit (discount 1 into a LAST step) bootstraps from.
 
+Each train step's summaries (at its train step, when the learner records):
+`Losses/loss`, `Losses/policy_gradient_loss`, `Losses/value_estimation_loss`,
+`Losses/entropy`, and V-trace's `Learner/mean_rho` and
+`Learner/clipped_rho_fraction` beside the learner's `Learner/policy_lag`.
+
 Threads: the collect policy runs on the actor threads; `train` on the
 learner's (inside its traced train step).
 """
@@ -200,6 +205,13 @@ class ImpalaAgent(tf_agent.TFAgent):
             grads_and_vars = list(zip(grads, variables))
             eager_utils.add_variables_summaries(grads_and_vars, self.train_step_counter)
             eager_utils.add_gradients_summaries(grads_and_vars, self.train_step_counter)
+        with tf.name_scope("Losses/"):
+            tf.summary.scalar("loss", loss, step=self.train_step_counter)
+            for name in ("policy_gradient_loss", "value_estimation_loss", "entropy"):
+                tf.summary.scalar(name, getattr(extra, name), step=self.train_step_counter)
+        with tf.name_scope("Learner/"):
+            for name in ("mean_rho", "clipped_rho_fraction"):
+                tf.summary.scalar(name, getattr(extra, name), step=self.train_step_counter)
         self._optimizer.apply_gradients(zip(grads, variables))
         self.train_step_counter.assign_add(1)
         return tf_agent.LossInfo(loss, extra)

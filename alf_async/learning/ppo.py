@@ -22,7 +22,10 @@ unroll preceded by the step its previous unroll ended with), and one
 
 So one `train()` is num_epochs x num_minibatches gradient steps and
 advances `train_step_counter` by as many, as tf-agents' PPO advances it
-once per epoch.
+once per epoch. Its `LossInfo` and its summaries (tf-agents' PPO tags,
+`Losses/policy_gradient_loss` ... `Losses/total_abs_loss`, and
+`Losses/clip_fraction`) are the means over those steps, written at the
+train step the update ends on, as tf-agents' PPO writes its epochs' means.
 
 One correction to tf-agents 0.19: `PPOAgent.compute_advantages` bootstraps
 GAE with the value of the unroll's second-to-last step (it slices the last
@@ -190,12 +193,14 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
                           axis=0)
         variables = self.variables_to_train()
 
-        def minibatch_step(i, _):
+        def minibatch_step(i, sums):
             # Minibatch i % num_minibatches of epoch i // num_minibatches.
             start = (i // self._num_minibatches) * n + (i % self._num_minibatches) * size
             index = order[start:start + size]
             mb = tf.nest.map_structure(lambda t: tf.gather(t, index)[:, None], batch)
-            with tf.GradientTape() as tape:
+            # One minibatch's summaries would stand for the update: the update's
+            # means are written after the loop instead.
+            with tf.GradientTape() as tape, tf.summary.record_if(False):
                 loss_info = self.get_loss(
                     mb["time_steps"], mb["actions"], mb["old_log_probs"], mb["returns"],
                     mb["advantages"], mb["dist_params"], mb["weights"],
@@ -206,22 +211,36 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
                 grads, _ = tf.clip_by_global_norm(grads, self._gradient_clipping)
             self._optimizer.apply_gradients(zip(grads, variables))
             self.train_step_counter.assign_add(1)
-            return i + 1, _flat_loss(loss_info)
+            return i + 1, [a + b for a, b in zip(sums, _flat_loss(loss_info))]
 
         steps = self._num_epochs * self._num_minibatches
         zero = tf.constant(0.0)
-        _, last = tf.while_loop(lambda i, _: i < steps, minibatch_step,
+        _, sums = tf.while_loop(lambda i, _: i < steps, minibatch_step,
                                 (tf.constant(0), [zero] * len(_LOSS_FIELDS)),
                                 parallel_iterations=1)
+        means = [total / float(steps) for total in sums]
+        _summarize(dict(zip(_LOSS_FIELDS, means)), self.train_step_counter)
         if self.update_normalizers_in_train:
             self.update_observation_normalizer(time_steps.observation)
             self.update_reward_normalizer(processed.reward)
-        return tf_agent.LossInfo(last[0], PPOLossInfo(*last[1:]))
+        return tf_agent.LossInfo(means[0], PPOLossInfo(*means[1:]))
 
 
 _LOSS_FIELDS = ("loss", "policy_gradient_loss", "value_estimation_loss",
                 "l2_regularization_loss", "entropy_regularization_loss", "kl_penalty_loss",
                 "clip_fraction")
+
+
+def _summarize(means, step):
+    """The update's mean losses under tf-agents' PPO tags (`Losses/...`,
+    with its `total_abs_loss`), and `Losses/clip_fraction`."""
+    terms = ("policy_gradient_loss", "value_estimation_loss", "l2_regularization_loss",
+             "entropy_regularization_loss", "kl_penalty_loss")
+    with tf.name_scope("Losses/"):
+        for name in terms + ("clip_fraction",):
+            tf.summary.scalar(name, means[name], step=step)
+        tf.summary.scalar("total_abs_loss", tf.add_n([tf.abs(means[n]) for n in terms]),
+                          step=step)
 
 
 def _flat_loss(loss_info):
