@@ -17,6 +17,7 @@ from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, 
 from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
                                         expected_counting_action)
 from conftest import driver_threads
+from test_trainer import read_scalars  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -406,12 +407,7 @@ def test_health_rates_are_one_point_per_interval_and_none_at_a_repeated_step(tmp
     finally:
         driver.stop()
     writer.close()
-    scalars = {}
-    for path in tmp_path.iterdir():
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append(
-                    (event.step, float(tf.make_ndarray(value.tensor))))
+    scalars = read_scalars(str(tmp_path))
     assert scalars["Perf/train_steps_per_sec"] == [(20, 5.0), (30, 2.0)]
     for tag in ("Perf/env_steps_per_sec", "Perf/action_wait_fraction"):
         assert [step for step, _ in scalars[tag]] == [20, 30], tag
