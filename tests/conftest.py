@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-DRIVER_THREAD_PREFIXES = ("env", "actor", "log", "queue_closer", "alf_async_warm_up")
+DRIVER_THREAD_PREFIXES = ("env", "actor", "log", "queue_closer", "alf_async_warm_up",
+                          "layout_watcher")
 
 
 def driver_threads():

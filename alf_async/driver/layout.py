@@ -1,0 +1,453 @@
+"""Choosing the driver's layout by measuring the user's own environments and
+policy, as FFTW's measured plans, cuDNN's autotuner and `tf.data.AUTOTUNE`
+do, instead of guessing.
+
+    choice = choose_layout(make_env_constructor, policy, num_environments=16)
+    choice.layout      # Layout(num_envs=2, env_batch_size=8, num_actor_queues=1,
+                       #        actor_queue_cap=2, processes=False)
+    choice.rates       # [(Layout, env steps/s)], every candidate measured, fastest first
+
+A layout splits `num_environments` environment rows into `num_envs` env
+threads of `env_batch_size` rows, served by `num_actor_queues` actor threads
+taking up to `actor_queue_cap` env threads' requests per forward pass, with
+the environments in this process or (`processes`) in child processes.
+
+How it chooses, within `budget_secs`:
+
+1. **Profile** (`profile`): one environment stepped alone in this thread
+   with random actions: a step's wall time and this thread's CPU time in
+   it (a step that holds the CPU holds the GIL too, for a Python
+   environment; one that waits does not), whether the driver steps its rows
+   one by one (`BlockingStep` or `RowStepping` environments); the policy's
+   batched forward pass timed at batch sizes 1, 2, 4, ... up to
+   `num_environments`.
+2. **Candidates** (`candidates`): every split of the rows into env threads
+   (in process, and in child processes when a constructor for them is
+   given), with one or two actor threads, ranked by a cost model of the
+   profile (`predicted_rate`): Python stepping is serialized by the GIL,
+   each request costs a fixed amount of CPU, inference runs beside it on
+   another core, waits overlap across env threads (and across the rows of
+   a row-stepped thread). The model only orders what to measure; the
+   measurement decides.
+3. **Measure** (`measure_rate`): the best-ranked candidates, each as a real
+   `AsyncOffPolicyDriver` on the user's constructor and policy whose
+   learner only dequeues, for a few seconds after its first batch (its
+   graphs traced); env steps per second from the driver's counters. It
+   stops measuring new candidates once the next would not fit the budget.
+
+Threads: `choose_layout` runs on the caller's thread and starts, for each
+candidate, a driver and a watcher thread that stops it when `stop_event` is
+set; both are stopped before it returns or raises. It blocks for at most
+about `budget_secs` (plus one candidate's start-up and stop).
+"""
+
+import collections
+import os
+import re
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+from tf_agents.specs import array_spec, tensor_spec
+
+from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.driver.env_thread import blocks
+from alf_async.environments import capabilities
+
+Layout = collections.namedtuple(
+    "Layout", ["num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
+               "processes"])
+Layout.__doc__ = """Where the driver's environment rows run and who serves them.
+
+num_envs: env threads; env_batch_size: rows in each one's environment;
+num_actor_queues: actor threads; actor_queue_cap: env threads' requests per
+forward pass at most; processes: environments in child processes.
+"""
+
+Profile = collections.namedtuple(
+    "Profile", ["step_secs", "step_cpu_secs", "rows_stepped", "inference_secs", "cores"])
+Profile.__doc__ = """What one environment and the policy cost, measured.
+
+step_secs: wall seconds of one environment step; step_cpu_secs: the
+stepping thread's CPU seconds in it; rows_stepped: the driver steps the rows
+of a batch of these environments one by one (their waits overlap);
+inference_secs: {batch size: seconds of one forward pass of the policy};
+cores: the cores this process may run on.
+"""
+
+LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
+LayoutChoice.__doc__ = """The fastest layout measured.
+
+layout: the `Layout` chosen; rates: [(Layout, env steps/s)] of every
+candidate measured, fastest first; profile: the `Profile` that ranked the
+candidates; secs: seconds spent profiling and measuring.
+"""
+
+# The driver's CPU cost of one env thread's request (its numpy_function,
+# queue round trip, routing) and of each row in it, fitted on the
+# collection benchmarks (docs/performance.md, "Where the time goes"), and a
+# child process's pickling and pipe cost per step (latency_bound.py
+# --processes). They scale the model's terms against each other; the
+# measurement decides.
+REQUEST_SECS = 480e-6
+ROW_SECS = 8e-6
+PROCESS_STEP_SECS = 150e-6
+
+
+def format_layout(layout):
+    """'2x8, 1 actor queue (cap 2), in process': how logs and configs name it."""
+    queues = "queue" if layout.num_actor_queues == 1 else "queues"
+    where = "in child processes" if layout.processes else "in process"
+    return (f"{layout.num_envs}x{layout.env_batch_size}, {layout.num_actor_queues} actor "
+            f"{queues} (cap {layout.actor_queue_cap}), {where}")
+
+
+def parse_layout(text):
+    """The `Layout` that `format_layout` named.
+
+    Raises:
+        ValueError: `text` is not a layout `format_layout` writes.
+    """
+    match = re.fullmatch(r"\s*(\d+)x(\d+), (\d+) actor queues? \(cap (\d+)\), "
+                         r"in (process|child processes)\s*", str(text))
+    if match is None:
+        raise ValueError(f"a layout looks like '2x8, 1 actor queue (cap 2), in process' "
+                         f"(or 'in child processes'), got {text!r}")
+    envs, rows, queues, cap = (int(g) for g in match.groups()[:4])
+    return Layout(envs, rows, queues, cap, match.group(5) == "child processes")
+
+
+def check_layout(layout, rows, batch_rows=None, processes=True):
+    """Refuses a `layout` that does not fit a run, with one line.
+
+    Args:
+        layout: the `Layout`.
+        rows: the run's environment rows (num_envs x env_batch_size).
+        batch_rows: the rows of a learner batch, which the layout's env batch
+            size must divide (None: any).
+        processes: whether the run's environments can run in child processes.
+
+    Raises:
+        ValueError: naming what does not fit.
+    """
+    name = format_layout(layout)
+    if layout.num_envs * layout.env_batch_size != rows:
+        raise ValueError(f"train.layout {name!r} has {layout.num_envs * layout.env_batch_size} "
+                         f"environments; train.num_envs x train.env_batch_size = {rows}")
+    if batch_rows is not None and batch_rows % layout.env_batch_size:
+        raise ValueError(f"train.layout {name!r}: its env batch size {layout.env_batch_size} "
+                         f"does not divide the learner batch's {batch_rows} rows "
+                         f"(train.learn_queue_cap x train.env_batch_size)")
+    if layout.num_actor_queues > layout.num_envs:
+        raise ValueError(f"train.layout {name!r}: more actor queues than env threads")
+    if layout.processes and not processes:
+        raise ValueError(f"train.layout {name!r}: child processes need the default "
+                         f"train.make_env_constructor and suite_gym, suite_gymnasium or "
+                         f"suite_atari")
+
+
+def describe_choice(choice):
+    """One line: the layout chosen, its rate, how many were measured in how
+    long, and the next two."""
+    others = "; ".join(f"{format_layout(layout)} {rate:,.0f}/s"
+                       for layout, rate in choice.rates[1:3])
+    return (f"layout {format_layout(choice.layout)}: {choice.rates[0][1]:,.0f} env steps/s, "
+            f"the fastest of {len(choice.rates)} measured in {choice.secs:.1f} s" +
+            (f" (then {others})" if others else ""))
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def profile(make_env_constructor, policy, num_environments, seconds=1.0, clock=time.monotonic):
+    """Measures one environment's step and the policy's forward pass (see
+    the module docstring). Runs on the caller's thread.
+
+    Args:
+        make_env_constructor: callable(batch_size) -> the driver's
+            env_constructor for environments of that batch size.
+        policy: the TFPolicy the driver will act with.
+        num_environments: the largest batch the policy is timed at.
+        seconds: about how long stepping the environment takes.
+        clock: a zero-arg callable returning seconds.
+
+    Returns:
+        A `Profile`.
+    """
+    env = make_env_constructor(1)()
+    try:
+        rows_stepped = blocks(env) or isinstance(capabilities.python_env(env),
+                                                 capabilities.RowStepping)
+        step_secs, step_cpu_secs = _time_steps(env, seconds, clock)
+        time_step = env.reset()
+    finally:
+        env.close()
+    return Profile(step_secs, step_cpu_secs, rows_stepped,
+                   _time_inference(policy, time_step, num_environments, clock), cores())
+
+
+def _time_steps(env, seconds, clock):
+    """(wall, CPU) seconds per step of `env` (batch size 1), random actions."""
+    py_env = capabilities.python_env(env)
+    if py_env is not None and not isinstance(py_env, capabilities.RowStepping):
+        rng = np.random.default_rng(0)
+        outer = (py_env.batch_size,) if py_env.batched else ()
+
+        def step():
+            py_env.step(array_spec.sample_spec_nest(py_env.action_spec(), rng, outer_dims=outer))
+        py_env.reset()
+    else:
+        spec = env.action_spec()
+
+        def step():
+            env.step(tensor_spec.sample_spec_nest(spec, outer_dims=(env.batch_size,)))
+        env.reset()
+    step()                              # a first step may build or warm things
+    steps, start, cpu_start = 0, clock(), time.thread_time()
+    while steps < 5 or (clock() - start < seconds and steps < 100000):
+        step()
+        steps += 1
+    wall, cpu = clock() - start, time.thread_time() - cpu_start
+    return wall / steps, min(cpu, wall) / steps
+
+
+def _batch_sizes(num_environments):
+    sizes, b = [], 1
+    while b < num_environments:
+        sizes.append(b)
+        b *= 2
+    return sizes + [num_environments]
+
+
+def _time_inference(policy, time_step, num_environments, clock):
+    """{batch size: seconds} of `policy.action`, traced once for any batch."""
+    batched = tensor_spec.add_outer_dims_nest(policy.time_step_spec, (None,))
+    state_spec = tensor_spec.add_outer_dims_nest(policy.policy_state_spec, (None,))
+    action = tf.function(policy.action, input_signature=[batched, state_spec],
+                         autograph=False)
+    result = {}
+    for b in _batch_sizes(num_environments):
+        tiled = tf.nest.map_structure(lambda t: tf.repeat(t, b, axis=0), time_step)
+        state = policy.get_initial_state(b)
+        tf.nest.map_structure(lambda t: t.numpy(), action(tiled, state))   # traced, warm
+        times = []
+        for _ in range(3):
+            start = clock()
+            tf.nest.map_structure(lambda t: t.numpy(), action(tiled, state))
+            times.append(clock() - start)
+        result[b] = sorted(times)[1]
+    return result
+
+
+def inference_secs(profile_, batch):
+    """Seconds of one forward pass at `batch`, interpolated between the
+    batch sizes `profile_` timed."""
+    sizes = sorted(profile_.inference_secs)
+    if batch <= sizes[0]:
+        return profile_.inference_secs[sizes[0]]
+    for low, high in zip(sizes, sizes[1:]):
+        if batch <= high:
+            f_low, f_high = profile_.inference_secs[low], profile_.inference_secs[high]
+            return f_low + (f_high - f_low) * (batch - low) / (high - low)
+    return profile_.inference_secs[sizes[-1]] * batch / sizes[-1]
+
+
+def predicted_rate(profile_, layout):
+    """Env steps per second the cost model expects of `layout` (it ranks
+    the candidates to measure; it is not a measurement).
+
+    Each env thread repeats a round: step its B rows (one after another, or
+    all at once where rows are stepped one by one, or in their child
+    processes), send one request, wait for the forward pass of the requests
+    waiting with it. The Python side of stepping (a step's CPU in process,
+    the pipes with processes, and the driver's per-request and per-row
+    costs) holds the GIL, so the env threads' Python work adds up on one
+    core; the forward passes run beside it on the other cores.
+    """
+    B, E = layout.env_batch_size, layout.num_envs
+    wait = max(profile_.step_secs - profile_.step_cpu_secs, 0.0)
+    cpu = profile_.step_cpu_secs
+    batch = min(layout.actor_queue_cap * B, E * B)
+    forward = inference_secs(profile_, batch)
+    if layout.processes:
+        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B    # GIL, per step
+        elsewhere = cpu                                            # in the children
+        env_time = cpu + wait + B * python
+    else:
+        python = cpu + ROW_SECS + REQUEST_SECS / B
+        elsewhere = 0.0
+        env_time = (wait + B * python) if profile_.rows_stepped else B * (python + wait)
+    round_secs = env_time + forward
+    per_step_forward = forward / batch
+    limits = [
+        E * B / round_secs,                                          # the rounds
+        1.0 / python,                                                # the GIL
+        profile_.cores / (python + elsewhere + per_step_forward),    # all the cores
+        layout.num_actor_queues * batch / forward,                   # the actors
+    ]
+    return min(limits)
+
+
+def candidates(profile_, num_environments, processes=False, max_threads=None, batch_rows=None):
+    """Every layout of `num_environments` rows worth considering, best
+    predicted first: each split into env threads (at most `max_threads`,
+    default 4 per core; with `batch_rows`, only splits whose env batch size
+    divides it) with one actor thread taking every waiting request, and,
+    with two env threads or more on two cores or more, two actor threads;
+    in child processes too when `processes`.
+
+    Returns:
+        [Layout]: the best predicted (`predicted_rate`) of each number of
+            env threads and place, best first, then the others, best first.
+    """
+    max_threads = max_threads or 4 * profile_.cores
+    layouts = []
+    for num_envs in range(1, min(num_environments, max_threads) + 1):
+        if num_environments % num_envs:
+            continue
+        rows = num_environments // num_envs
+        if batch_rows is not None and batch_rows % rows:
+            continue
+        for queues in (1, 2):
+            if queues > num_envs or (queues > 1 and profile_.cores < 2):
+                continue
+            for where in ((False, True) if processes else (False,)):
+                layouts.append(Layout(num_envs, rows, queues, -(-num_envs // queues), where))
+    ranked = sorted(layouts, key=lambda layout: -predicted_rate(profile_, layout))
+    # The best of each number of env threads (and place) first, so that the
+    # first few measured differ where the model is least sure.
+    firsts, seen = [], set()
+    for layout in ranked:
+        if (layout.num_envs, layout.processes) not in seen:
+            seen.add((layout.num_envs, layout.processes))
+            firsts.append(layout)
+    return firsts + [layout for layout in ranked if layout not in firsts]
+
+
+def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
+                 stop_event=None, clock=time.monotonic):
+    """Env steps per second of `layout`: a driver whose learner only
+    dequeues, measured for `seconds` after its first batch.
+
+    Args:
+        make_env_constructor: callable(batch_size) -> the driver's
+            env_constructor (the in-process or the child-process one, as
+            `layout.processes` says).
+        policy: the TFPolicy to act with.
+        layout: the `Layout` to run.
+        seconds: how long to count.
+        unroll_length: steps per unroll.
+        stop_event: a `threading.Event`; once set, the driver is stopped.
+        clock: a zero-arg callable returning seconds.
+
+    Returns:
+        env steps per second.
+
+    Raises:
+        DriverStoppedError: `stop_event` was set.
+        Exception: whatever the environments or the policy raised, with its type.
+    """
+    driver = AsyncOffPolicyDriver(
+        make_env_constructor(layout.env_batch_size), policy, num_envs=layout.num_envs,
+        num_actor_queues=layout.num_actor_queues, actor_queue_cap=layout.actor_queue_cap,
+        unroll_length=unroll_length, learn_queue_cap=1)
+    done = threading.Event()
+    watcher = None
+    if stop_event is not None:
+        def watch():
+            while not done.wait(0.05):
+                if stop_event.is_set():
+                    driver.stop()
+                    return
+        watcher = threading.Thread(target=watch, name="layout_watcher", daemon=True)
+        watcher.start()
+    try:
+        driver.start()
+        driver.get_training_exps()       # every graph traced once a batch came
+        start, steps = clock(), driver.get_perf_stats()["env_steps"]
+        while clock() - start < seconds:
+            driver.get_training_exps()
+        return (driver.get_perf_stats()["env_steps"] - steps) / max(clock() - start, 1e-9)
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
+        driver.stop()
+        if stop_event is not None and stop_event.is_set():
+            raise DriverStoppedError("measuring layouts was stopped")
+
+
+def choose_layout(make_env_constructor, policy, num_environments,
+                  make_process_env_constructor=None, budget_secs=20.0, seconds_per_candidate=1.5,
+                  unroll_length=8, batch_rows=None, stop_event=None, print_fn=None,
+                  clock=time.monotonic, measure=None):
+    """Measures candidate layouts for `num_environments` rows of the user's
+    environments and `policy`, and returns the fastest (see the module
+    docstring).
+
+    Args:
+        make_env_constructor: callable(batch_size) -> the driver's
+            env_constructor for in-process environments of that batch size.
+        policy: the TFPolicy the driver will act with (its collect policy).
+        num_environments: environment rows in total (num_envs x env_batch_size).
+        make_process_env_constructor: the same for environments in child
+            processes; None: in process only.
+        budget_secs: seconds to spend at most, profiling included (one
+            candidate's start-up and stop may run past it).
+        seconds_per_candidate: how long each candidate is counted.
+        unroll_length: steps per unroll, as the run will have it.
+        batch_rows: if set, only layouts whose env_batch_size divides it (the
+            rows of a learner batch, so that it keeps its size).
+        stop_event: a `threading.Event`; once set, measuring stops.
+        print_fn: callable(str) for one line per candidate measured (None: silent).
+        clock: a zero-arg callable returning seconds.
+        measure: callable(layout, seconds) -> env steps/s, replacing the
+            driver measurement (`measure_rate`); for tests and for tools
+            with their own measure.
+
+    Returns:
+        A `LayoutChoice`.
+
+    Raises:
+        ValueError: `num_environments` is not an integer >= 1, or no split
+            of it into env threads divides `batch_rows`.
+        DriverStoppedError: `stop_event` was set before a layout was chosen.
+        Exception: whatever the environments or the policy raised, with its type.
+    """
+    if not isinstance(num_environments, int) or isinstance(num_environments, bool) or (
+            num_environments < 1):
+        raise ValueError(f"num_environments must be an integer >= 1, got {num_environments!r}")
+    start = clock()
+    profile_ = profile(make_env_constructor, policy, num_environments,
+                       seconds=min(1.0, budget_secs / 10), clock=clock)
+    ranked = candidates(profile_, num_environments,
+                        processes=make_process_env_constructor is not None,
+                        batch_rows=batch_rows)
+    if not ranked:
+        raise ValueError(f"no split of {num_environments} environments into env threads has "
+                         f"an env batch size that divides the learner's {batch_rows} rows")
+    if measure is None:
+        def measure(layout, seconds):
+            make = make_process_env_constructor if layout.processes else make_env_constructor
+            return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock)
+    rates, longest = [], 0.0
+    for layout in ranked:
+        if stop_event is not None and stop_event.is_set():
+            raise DriverStoppedError("measuring layouts was stopped")
+        elapsed = clock() - start
+        if rates and elapsed + longest > budget_secs:
+            break
+        began = clock()
+        rate = measure(layout, seconds_per_candidate)
+        longest = max(longest, clock() - began)
+        rates.append((layout, rate))
+        if print_fn is not None:
+            print_fn(f"[alf_async] layout {format_layout(layout)}: {rate:,.0f} env steps/s")
+    rates.sort(key=lambda item: -item[1])
+    return LayoutChoice(rates[0][0], rates, profile_, clock() - start)

@@ -1,0 +1,123 @@
+"""choose_layout on tiny deterministic environments: it measures candidates
+and returns the fastest with every rate, stops when asked, leaves nothing
+behind, and names layouts in a form it reads back."""
+
+import threading
+import time
+
+import pytest
+
+from alf_async import DriverStoppedError
+from alf_async.driver import layout as layout_lib
+from alf_async.driver.layout import Layout, choose_layout, format_layout, parse_layout
+from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
+from alf_async.testing.policies import CountingPolicy
+from conftest import driver_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _policy():
+    env = CountingEnvConstructor()()
+    return CountingPolicy(env.time_step_spec(), env.action_spec())
+
+
+def _make(**kwargs):
+    return lambda batch_size: CountingEnvConstructor(batch_size=batch_size, **kwargs)
+
+
+def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
+    for layout in (Layout(2, 8, 1, 2, False), Layout(1, 32, 1, 1, True),
+                   Layout(4, 4, 2, 2, False)):
+        assert parse_layout(format_layout(layout)) == layout
+    assert format_layout(Layout(2, 8, 1, 2, False)) == "2x8, 1 actor queue (cap 2), in process"
+    with pytest.raises(ValueError, match=r"^a layout looks like '2x8, 1 actor queue \(cap 2\), "
+                                         r"in process' \(or 'in child processes'\), got '2x8'$"):
+        parse_layout("2x8")
+
+
+def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_early():
+    profile = layout_lib.Profile(step_secs=1e-3, step_cpu_secs=1e-5, rows_stepped=False,
+                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3,
+                                                 12: 2e-3}, cores=2)
+    ranked = layout_lib.candidates(profile, 12)
+    # Splits into at most 4 threads per core: 1, 2, 3, 4, 6 env threads; one
+    # or two actor threads (never more than env threads), each taking every
+    # waiting request.
+    assert sorted(ranked) == sorted(
+        [Layout(e, 12 // e, 1, e, False) for e in (1, 2, 3, 4, 6)] +
+        [Layout(e, 12 // e, 2, -(-e // 2), False) for e in (2, 3, 4, 6)])
+    assert len({layout.num_envs for layout in ranked[:5]}) == 5
+    firsts = ranked[:5]
+    assert [layout_lib.predicted_rate(profile, l) for l in firsts] == sorted(
+        [layout_lib.predicted_rate(profile, l) for l in firsts], reverse=True)
+    # Steps that wait 1 ms and are stepped one after another: more threads
+    # overlap more waits, so the model ranks the most threads first.
+    assert ranked[0].num_envs == 6
+
+
+def test_the_choice_is_the_fastest_measured_and_every_rate_is_returned():
+    known = {}
+
+    def measure(layout, seconds):
+        assert seconds == 0.25
+        # Rates nobody could predict: the second-most threads win.
+        known[layout] = 1000.0 * layout.num_envs * (1 if layout.num_envs != 8 else 0.1) + (
+            layout.num_actor_queues)
+        return known[layout]
+
+    lines = []
+    choice = choose_layout(_make(), _policy(), 16, budget_secs=1000.0,
+                           seconds_per_candidate=0.25, measure=measure, print_fn=lines.append)
+    assert set(known) == {layout for layout, _ in choice.rates}   # all measured: a big budget
+    assert choice.layout == max(known, key=known.get) and choice.layout.num_envs == 4
+    assert choice.rates[0] == (choice.layout, known[choice.layout])
+    assert [rate for _, rate in choice.rates] == sorted(known.values(), reverse=True)
+    assert len(lines) == len(known) and all(line.startswith("[alf_async] layout ")
+                                           for line in lines)
+    assert choice.secs > 0 and choice.profile.cores >= 1
+
+
+def test_the_budget_bounds_how_many_candidates_are_measured():
+    calls = []
+
+    def measure(layout, seconds):
+        time.sleep(0.3)
+        calls.append(layout)
+        return float(len(calls))
+
+    start = time.monotonic()
+    choice = choose_layout(_make(), _policy(), 16, budget_secs=1.0, measure=measure)
+    assert time.monotonic() - start < 2.0
+    assert 1 <= len(calls) <= 3 and len(choice.rates) == len(calls)
+    assert choice.layout == calls[-1]
+
+
+def test_measuring_real_drivers_picks_a_measured_layout_and_leaves_nothing(tmp_path):
+    make = _make(env_cls=BlockingCountingEnv, latency=0.002)
+    choice = choose_layout(make, _policy(), 8, budget_secs=6.0, seconds_per_candidate=0.5)
+    assert choice.layout in {layout for layout, _ in choice.rates}
+    assert all(rate > 0 for _, rate in choice.rates)
+    assert all(l.num_envs * l.env_batch_size == 8 for l, _ in choice.rates)
+    assert not driver_threads()
+
+
+def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():
+    stop = threading.Event()
+    make = _make(env_cls=BlockingCountingEnv, latency=0.01)
+    timer = threading.Timer(1.5, stop.set)
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(DriverStoppedError, match="^measuring layouts was stopped$"):
+            choose_layout(make, _policy(), 8, budget_secs=60.0, seconds_per_candidate=5.0,
+                          stop_event=stop)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 1.5 + 5.0
+    assert not driver_threads()
+
+
+def test_num_environments_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="^num_environments must be an integer >= 1, got 0$"):
+        choose_layout(_make(), _policy(), 0)
