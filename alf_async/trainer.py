@@ -37,6 +37,7 @@ Threads: `train()` runs on the caller's thread, which becomes the learner's
 """
 
 import collections
+import functools
 import os
 
 import gin
@@ -448,6 +449,9 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
                 num_envs, env_batch_size, num_actor_queues, actor_queue_cap = run_layout[:4]
                 if run_layout.processes:
                     make_env_constructor = suites.make_subprocess_env_constructor
+                if run_layout.recv_batch_size is not None:
+                    make_env_constructor = functools.partial(
+                        make_env_constructor, recv_batch_size=run_layout.recv_batch_size)
             replayer, driver, env_constructor = _build_collection(
                 root_dir, env_name, agent, suite, make_env_constructor, replayer_fn, num_envs,
                 env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
@@ -499,10 +503,16 @@ def _run_layout(root_dir, layout, suite, env_name, seed, make_env_constructor, p
     if layout != "auto" or saved is not None:
         run_layout = layout_lib.parse_layout(saved or layout)
     else:
+        def in_process(batch_size, **kwargs):
+            return make_env_constructor(suite, env_name, batch_size=batch_size, seed=seed,
+                                        **kwargs)
+
+        def in_children(batch_size):
+            return suites.make_subprocess_env_constructor(suite, env_name,
+                                                          batch_size=batch_size, seed=seed)
         choice = layout_lib.choose_layout(
-            lambda b: make_env_constructor(suite, env_name, batch_size=b, seed=seed), policy,
-            rows, make_process_env_constructor=(lambda b: suites.make_subprocess_env_constructor(
-                suite, env_name, batch_size=b, seed=seed)) if processes else None,
+            in_process, policy, rows,
+            make_process_env_constructor=in_children if processes else None,
             budget_secs=budget_secs, unroll_length=unroll_length, batch_rows=batch_rows,
             stop_event=stop_event)
         print_fn(f"[alf_async] {layout_lib.describe_choice(choice)} (train.layout = 'auto')")

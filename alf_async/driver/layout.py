@@ -57,21 +57,27 @@ from alf_async.environments import capabilities
 
 Layout = collections.namedtuple(
     "Layout", ["num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
-               "processes"])
+               "processes", "recv_batch_size"], defaults=(False, None))
 Layout.__doc__ = """Where the driver's environment rows run and who serves them.
 
 num_envs: env threads; env_batch_size: rows in each one's environment;
 num_actor_queues: actor threads; actor_queue_cap: env threads' requests per
-forward pass at most; processes: environments in child processes.
+forward pass at most; processes: environments in child processes;
+recv_batch_size: rows per receive of an EnvPool pool (None: not EnvPool, or
+its default).
 """
 
 Profile = collections.namedtuple(
-    "Profile", ["step_secs", "step_cpu_secs", "rows_stepped", "inference_secs", "cores"])
+    "Profile", ["step_secs", "step_cpu_secs", "step_gil_secs", "rows_stepped", "receives",
+                "inference_secs", "cores"])
 Profile.__doc__ = """What one environment and the policy cost, measured.
 
-step_secs: wall seconds of one environment step; step_cpu_secs: the
-stepping thread's CPU seconds in it; rows_stepped: the driver steps the rows
-of a batch of these environments one by one (their waits overlap);
+step_secs: wall seconds of one environment step; step_cpu_secs: the CPU
+seconds the whole process spent on it (an EnvPool pool's own threads
+included); step_gil_secs: the stepping thread's CPU seconds in it (the GIL
+is held then, for a Python environment); rows_stepped: the driver steps the
+rows of a batch of these environments one by one (their waits overlap);
+receives: its rows come in receives of `recv_batch_size` (EnvPool);
 inference_secs: {batch size: seconds of one forward pass of the policy};
 cores: the cores this process may run on.
 """
@@ -96,11 +102,14 @@ PROCESS_STEP_SECS = 150e-6
 
 
 def format_layout(layout):
-    """'2x8, 1 actor queue (cap 2), in process': how logs and configs name it."""
+    """'2x8, 1 actor queue (cap 2), in process': how logs and configs name it
+    (', receives of 4' for an EnvPool receive size)."""
     queues = "queue" if layout.num_actor_queues == 1 else "queues"
     where = "in child processes" if layout.processes else "in process"
+    receives = "" if layout.recv_batch_size is None else (
+        f", receives of {layout.recv_batch_size}")
     return (f"{layout.num_envs}x{layout.env_batch_size}, {layout.num_actor_queues} actor "
-            f"{queues} (cap {layout.actor_queue_cap}), {where}")
+            f"{queues} (cap {layout.actor_queue_cap}), {where}{receives}")
 
 
 def parse_layout(text):
@@ -110,12 +119,14 @@ def parse_layout(text):
         ValueError: `text` is not a layout `format_layout` writes.
     """
     match = re.fullmatch(r"\s*(\d+)x(\d+), (\d+) actor queues? \(cap (\d+)\), "
-                         r"in (process|child processes)\s*", str(text))
+                         r"in (process|child processes)(?:, receives of (\d+))?\s*", str(text))
     if match is None:
         raise ValueError(f"a layout looks like '2x8, 1 actor queue (cap 2), in process' "
-                         f"(or 'in child processes'), got {text!r}")
+                         f"(or 'in child processes'; ', receives of 4' for EnvPool), got "
+                         f"{text!r}")
     envs, rows, queues, cap = (int(g) for g in match.groups()[:4])
-    return Layout(envs, rows, queues, cap, match.group(5) == "child processes")
+    recv = None if match.group(6) is None else int(match.group(6))
+    return Layout(envs, rows, queues, cap, match.group(5) == "child processes", recv)
 
 
 def check_layout(layout, rows, batch_rows=None, processes=True):
@@ -182,20 +193,22 @@ def profile(make_env_constructor, policy, num_environments, seconds=1.0, clock=t
     """
     env = make_env_constructor(1)()
     try:
-        rows_stepped = blocks(env) or isinstance(capabilities.python_env(env),
-                                                 capabilities.RowStepping)
-        step_secs, step_cpu_secs = _time_steps(env, seconds, clock)
+        py_env = capabilities.python_env(env)
+        rows_stepped = blocks(env) or isinstance(py_env, capabilities.RowStepping)
+        receives = getattr(py_env, "recv_batch_size", None) is not None
+        step_secs, step_cpu_secs, step_gil_secs = _time_steps(env, seconds, clock)
         time_step = env.reset()
     finally:
         env.close()
-    return Profile(step_secs, step_cpu_secs, rows_stepped,
+    return Profile(step_secs, step_cpu_secs, step_gil_secs, rows_stepped, receives,
                    _time_inference(policy, time_step, num_environments, clock), cores())
 
 
 def _time_steps(env, seconds, clock):
-    """(wall, CPU) seconds per step of `env` (batch size 1), random actions."""
+    """(wall, process CPU, this thread's CPU) seconds per step of `env`
+    (batch size 1), random actions."""
     py_env = capabilities.python_env(env)
-    if py_env is not None and not isinstance(py_env, capabilities.RowStepping):
+    if py_env is not None:
         rng = np.random.default_rng(0)
         outer = (py_env.batch_size,) if py_env.batched else ()
 
@@ -209,12 +222,15 @@ def _time_steps(env, seconds, clock):
             env.step(tensor_spec.sample_spec_nest(spec, outer_dims=(env.batch_size,)))
         env.reset()
     step()                              # a first step may build or warm things
-    steps, start, cpu_start = 0, clock(), time.thread_time()
+    steps, start = 0, clock()
+    process_start, thread_start = time.process_time(), time.thread_time()
     while steps < 5 or (clock() - start < seconds and steps < 100000):
         step()
         steps += 1
-    wall, cpu = clock() - start, time.thread_time() - cpu_start
-    return wall / steps, min(cpu, wall) / steps
+    wall = clock() - start
+    thread = min(time.thread_time() - thread_start, wall)
+    process = max(time.process_time() - process_start, thread)
+    return wall / steps, process / steps, thread / steps
 
 
 def _batch_sizes(num_environments):
@@ -263,33 +279,37 @@ def predicted_rate(profile_, layout):
     the candidates to measure; it is not a measurement).
 
     Each env thread repeats a round: step its B rows (one after another, or
-    all at once where rows are stepped one by one, or in their child
-    processes), send one request, wait for the forward pass of the requests
-    waiting with it. The Python side of stepping (a step's CPU in process,
-    the pipes with processes, and the driver's per-request and per-row
-    costs) holds the GIL, so the env threads' Python work adds up on one
-    core; the forward passes run beside it on the other cores.
+    all at once where rows are stepped one by one or live in child
+    processes), send its request (one per receive for EnvPool), wait for the
+    forward pass of the requests waiting with it. The Python side of
+    stepping (the stepping thread's CPU in process, the pipes with
+    processes, the driver's per-request and per-row costs) holds the GIL,
+    so the env threads' Python work adds up on one core; the rest of a
+    step's CPU (EnvPool's threads, the children) and the forward passes run
+    on the other cores.
     """
     B, E = layout.env_batch_size, layout.num_envs
     wait = max(profile_.step_secs - profile_.step_cpu_secs, 0.0)
-    cpu = profile_.step_cpu_secs
-    batch = min(layout.actor_queue_cap * B, E * B)
+    request_rows = layout.recv_batch_size or B
+    batch = min(layout.actor_queue_cap * request_rows, E * B)
     forward = inference_secs(profile_, batch)
     if layout.processes:
-        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B    # GIL, per step
-        elsewhere = cpu                                            # in the children
-        env_time = cpu + wait + B * python
+        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B     # GIL, per step
+        elsewhere = profile_.step_cpu_secs                          # in the children
+        env_time = profile_.step_cpu_secs + wait + B * python
     else:
-        python = cpu + ROW_SECS + REQUEST_SECS / B
-        elsewhere = 0.0
-        env_time = (wait + B * python) if profile_.rows_stepped else B * (python + wait)
+        python = profile_.step_gil_secs + ROW_SECS + REQUEST_SECS / request_rows
+        elsewhere = profile_.step_cpu_secs - profile_.step_gil_secs
+        if profile_.rows_stepped:
+            env_time = wait + elsewhere * B / request_rows + B * python
+        else:
+            env_time = B * (python + elsewhere + wait)
     round_secs = env_time + forward
-    per_step_forward = forward / batch
     limits = [
-        E * B / round_secs,                                          # the rounds
-        1.0 / python,                                                # the GIL
-        profile_.cores / (python + elsewhere + per_step_forward),    # all the cores
-        layout.num_actor_queues * batch / forward,                   # the actors
+        E * B / round_secs,                                               # the rounds
+        1.0 / python,                                                     # the GIL
+        profile_.cores / (python + elsewhere + forward / batch),          # all the cores
+        layout.num_actor_queues * batch / forward,                        # the actors
     ]
     return min(limits)
 
@@ -300,7 +320,8 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     default 4 per core; with `batch_rows`, only splits whose env batch size
     divides it) with one actor thread taking every waiting request, and,
     with two env threads or more on two cores or more, two actor threads;
-    in child processes too when `processes`.
+    in child processes too when `processes`; for EnvPool, in process only,
+    with receives of the whole pool, half and a quarter of it.
 
     Returns:
         [Layout]: the best predicted (`predicted_rate`) of each number of
@@ -317,8 +338,13 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
         for queues in (1, 2):
             if queues > num_envs or (queues > 1 and profile_.cores < 2):
                 continue
+            cap = -(-num_envs // queues)
+            if profile_.receives:   # EnvPool: smaller receives, sooner actions
+                layouts += [Layout(num_envs, rows, queues, cap, False, recv)
+                            for recv in sorted({rows, max(1, rows // 2), max(1, rows // 4)})]
+                continue
             for where in ((False, True) if processes else (False,)):
-                layouts.append(Layout(num_envs, rows, queues, -(-num_envs // queues), where))
+                layouts.append(Layout(num_envs, rows, queues, cap, where))
     ranked = sorted(layouts, key=lambda layout: -predicted_rate(profile_, layout))
     # The best of each number of env threads (and place) first, so that the
     # first few measured differ where the model is least sure.
@@ -330,15 +356,24 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     return firsts + [layout for layout in ranked if layout not in firsts]
 
 
+def env_constructor_of(make_env_constructor, layout):
+    """The driver's env_constructor for `layout`: `make_env_constructor`
+    called with its env batch size (and its EnvPool receive size)."""
+    if layout.recv_batch_size is None:
+        return make_env_constructor(layout.env_batch_size)
+    return make_env_constructor(layout.env_batch_size, recv_batch_size=layout.recv_batch_size)
+
+
 def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
                  stop_event=None, clock=time.monotonic):
     """Env steps per second of `layout`: a driver whose learner only
-    dequeues, measured for `seconds` after its first batch.
+    dequeues (one unroll of every env thread at a time), measured for
+    `seconds` after its first batch.
 
     Args:
-        make_env_constructor: callable(batch_size) -> the driver's
+        make_env_constructor: callable(batch_size, **kwargs) -> the driver's
             env_constructor (the in-process or the child-process one, as
-            `layout.processes` says).
+            `layout.processes` says; kwargs: `recv_batch_size` for EnvPool).
         policy: the TFPolicy to act with.
         layout: the `Layout` to run.
         seconds: how long to count.
@@ -354,9 +389,9 @@ def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
         Exception: whatever the environments or the policy raised, with its type.
     """
     driver = AsyncOffPolicyDriver(
-        make_env_constructor(layout.env_batch_size), policy, num_envs=layout.num_envs,
+        env_constructor_of(make_env_constructor, layout), policy, num_envs=layout.num_envs,
         num_actor_queues=layout.num_actor_queues, actor_queue_cap=layout.actor_queue_cap,
-        unroll_length=unroll_length, learn_queue_cap=1)
+        unroll_length=unroll_length, learn_queue_cap=layout.num_envs)
     done = threading.Event()
     watcher = None
     if stop_event is not None:
@@ -392,8 +427,9 @@ def choose_layout(make_env_constructor, policy, num_environments,
     docstring).
 
     Args:
-        make_env_constructor: callable(batch_size) -> the driver's
-            env_constructor for in-process environments of that batch size.
+        make_env_constructor: callable(batch_size, **kwargs) -> the driver's
+            env_constructor for in-process environments of that batch size
+            (kwargs: `recv_batch_size`, only for EnvPool environments).
         policy: the TFPolicy the driver will act with (its collect policy).
         num_environments: environment rows in total (num_envs x env_batch_size).
         make_process_env_constructor: the same for environments in child
