@@ -28,16 +28,32 @@ def _make(**kwargs):
 
 def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
     for layout in (Layout(2, 8, 1, 2, False), Layout(1, 32, 1, 1, True),
-                   Layout(4, 4, 2, 2, False)):
+                   Layout(4, 4, 2, 2, False), Layout(1, 16, 1, 1, False, 4)):
         assert parse_layout(format_layout(layout)) == layout
     assert format_layout(Layout(2, 8, 1, 2, False)) == "2x8, 1 actor queue (cap 2), in process"
-    with pytest.raises(ValueError, match=r"^a layout looks like '2x8, 1 actor queue \(cap 2\), "
-                                         r"in process' \(or 'in child processes'\), got '2x8'$"):
+    assert format_layout(Layout(1, 16, 1, 1, False, 4)) == (
+        "1x16, 1 actor queue (cap 1), in process, receives of 4")
+    with pytest.raises(ValueError) as raised:
         parse_layout("2x8")
+    assert str(raised.value) == (
+        "a layout looks like '2x8, 1 actor queue (cap 2), in process' (or 'in child "
+        "processes'; ', receives of 4' for EnvPool), got '2x8'")
+
+
+def test_an_envpool_profile_adds_receive_sizes_and_no_processes():
+    profile = layout_lib.Profile(step_secs=2e-4, step_cpu_secs=2e-4, step_gil_secs=1e-5,
+                                 rows_stepped=True, receives=True,
+                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3},
+                                 cores=2)
+    ranked = layout_lib.candidates(profile, 8, processes=True, max_threads=2)
+    assert sorted(ranked) == sorted(
+        [Layout(1, 8, 1, 1, False, r) for r in (2, 4, 8)] +
+        [Layout(2, 4, q, 2 // q, False, r) for q in (1, 2) for r in (1, 2, 4)])
 
 
 def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_early():
-    profile = layout_lib.Profile(step_secs=1e-3, step_cpu_secs=1e-5, rows_stepped=False,
+    profile = layout_lib.Profile(step_secs=1e-3, step_cpu_secs=1e-5, step_gil_secs=1e-5,
+                                 rows_stepped=False, receives=False,
                                  inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3,
                                                  12: 2e-3}, cores=2)
     ranked = layout_lib.candidates(profile, 12)

@@ -69,7 +69,8 @@ def test_a_given_layout_runs_as_given_with_the_learner_batch_kept(tmp_path):
 
 @pytest.mark.parametrize("layout, message", [
     ("2x8", "train.layout must be None, 'auto' or a layout: a layout looks like '2x8, 1 actor "
-            "queue (cap 2), in process' (or 'in child processes'), got '2x8'"),
+            "queue (cap 2), in process' (or 'in child processes'; ', receives of 4' for "
+            "EnvPool), got '2x8'"),
     ("1x8, 1 actor queue (cap 1), in process",
      "train.layout '1x8, 1 actor queue (cap 1), in process' has 8 environments; "
      "train.num_envs x train.env_batch_size = 4"),
