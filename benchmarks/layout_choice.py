@@ -39,7 +39,6 @@ import gym
 import numpy as np
 import tensorflow as tf
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
-from tf_agents.system import system_multiprocessing
 
 from alf_async.driver import layout as layout_lib
 from alf_async.environments import suites
@@ -197,4 +196,4 @@ def main():
 
 
 if __name__ == "__main__":
-    system_multiprocessing.handle_main(lambda _: main())
+    main()
