@@ -15,12 +15,12 @@ the environments in this process or (`processes`) in child processes.
 How it chooses, within `budget_secs`:
 
 1. **Profile** (`profile`): one environment stepped alone in this thread
-   with random actions: a step's wall time and this thread's CPU time in
-   it (a step that holds the CPU holds the GIL too, for a Python
-   environment; one that waits does not), whether the driver steps its rows
-   one by one (`BlockingStep` or `RowStepping` environments); the policy's
-   batched forward pass timed at batch sizes 1, 2, 4, ... up to
-   `num_environments`.
+   with random actions: a step's wall time, this thread's CPU time in it
+   (for a Python environment, the GIL is held then), the whole process's
+   (EnvPool's own threads step without the GIL), whether the driver steps
+   its rows one by one (`BlockingStep` or `RowStepping` environments) and
+   whether they come in receives (EnvPool); the policy's batched forward
+   pass timed at batch sizes 1, 2, 4, ... up to `num_environments`.
 2. **Candidates** (`candidates`): every split of the rows into env threads
    (in process, and in child processes when a constructor for them is
    given), with one or two actor threads, ranked by a cost model of the
