@@ -10,9 +10,12 @@ import pytest
 from alf_async import DriverStoppedError
 from alf_async.driver import layout as layout_lib
 from alf_async.driver.layout import Layout, choose_layout, format_layout, parse_layout
+from alf_async.environments import subprocess_env_constructor
+from alf_async.testing import envs
 from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
 from conftest import driver_threads
+from test_subprocess_env import _leftover_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,6 +119,22 @@ def test_measuring_real_drivers_picks_a_measured_layout_and_leaves_nothing(tmp_p
     assert all(rate > 0 for _, rate in choice.rates)
     assert all(l.num_envs * l.env_batch_size == 8 for l, _ in choice.rates)
     assert not driver_threads()
+
+
+def test_child_processes_are_measured_too_and_none_is_left():
+    def in_children(batch_size):
+        return subprocess_env_constructor(envs.counting_env, num_envs=batch_size)
+
+    choice = choose_layout(_make(), _policy(), 2, make_process_env_constructor=in_children,
+                           budget_secs=120.0, seconds_per_candidate=0.3)
+    # Every candidate fits a big budget: 1x2 and 2x1 (one or two actors),
+    # in process and in child processes.
+    assert sorted(layout for layout, _ in choice.rates) == sorted(
+        [Layout(1, 2, 1, 1, p) for p in (False, True)] +
+        [Layout(2, 1, q, 2 // q, p) for q in (1, 2) for p in (False, True)])
+    assert all(rate > 0 for _, rate in choice.rates)
+    assert not driver_threads()
+    assert not _leftover_processes()
 
 
 def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():
