@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 
-EXCEPTION = re.compile(r"^[A-Z]\w*(Error|Exception|Exit|Interrupt|Warning|Iteration)$")
+EXCEPTION = re.compile(r"^(\w+\.)*([A-Z]\w*)?(Error|Exception|Exit|Interrupt|Warning|Iteration)$")
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 

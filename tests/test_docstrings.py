@@ -100,7 +100,8 @@ def test_the_site_check_finds_an_item_that_continues_the_one_before(tmp_path):
     whole = signature + "".join([
         _section("Parameters", _item("timeout", "seconds"), _item("grace", "seconds")),
         _section("Returns", _item("", "the number of env steps, counted")),
-        _section("Raises", _item("RuntimeError", "a"), _item("DriverStoppedError", "b"))])
+        _section("Raises", _item("RuntimeError", "a"), _item("DriverStoppedError", "b"),
+                 _item("Exception", "c"), _item("tf.errors.OpError", "d"))])
     page.write_text(whole)
     check = _check_site()
     assert check.problems(str(tmp_path)) == []
