@@ -220,7 +220,7 @@ def test_ppo_learner_trains_from_collectors_reports_the_lag_survives_sigkill_and
         # last batch's oldest step was acted after training began.
         last_step, last_most = scalars["Learner/policy_lag_max"][-1]
         assert last_most < last_step
-        assert "Learner/policy_gradient_loss" in scalars
+        assert "Losses/policy_gradient_loss" in scalars and "Losses/entropy" not in scalars
         assert scalars["Collectors/restarts"][-1][1] == 1.0
         # The queue is not checkpointed: nothing in root_dir/replay.
         replay = tmp_path / "replay"
