@@ -503,16 +503,12 @@ def _run_layout(root_dir, layout, suite, env_name, seed, make_env_constructor, p
     if layout != "auto" or saved is not None:
         run_layout = layout_lib.parse_layout(saved or layout)
     else:
-        def in_process(batch_size, **kwargs):
-            return make_env_constructor(suite, env_name, batch_size=batch_size, seed=seed,
-                                        **kwargs)
-
-        def in_children(batch_size):
-            return suites.make_subprocess_env_constructor(suite, env_name,
-                                                          batch_size=batch_size, seed=seed)
+        in_process = suites.sized_env_constructor(make_env_constructor, suite, env_name, seed)
+        in_children = suites.sized_env_constructor(suites.make_subprocess_env_constructor,
+                                                   suite, env_name, seed)
         choice = layout_lib.choose_layout(
             in_process, policy, rows,
-            make_process_env_constructor=in_children if processes else None,
+            process_env_constructor=in_children if processes else None,
             budget_secs=budget_secs, unroll_length=unroll_length, batch_rows=batch_rows,
             stop_event=stop_event)
         print_fn(f"[alf_async] {layout_lib.describe_choice(choice)} (train.layout = 'auto')")

@@ -77,32 +77,26 @@ def mixed_envs(seeds, compute_secs, wait_secs):
 
 
 def _seeded(make_batch):
-    """make_env_constructor(batch_size) over `make_batch(seeds)`, fresh seeds per call."""
+    """choose_layout's env_constructor(batch_size) over `make_batch(seeds)`,
+    fresh seeds per call."""
     seeds = itertools.count(10_000)
 
-    def make_env_constructor(batch_size, **kwargs):
-        def env_constructor():
-            return make_batch([next(seeds) for _ in range(batch_size)])
-        return env_constructor
-    return make_env_constructor
+    def env_constructor(batch_size, **kwargs):
+        return make_batch([next(seeds) for _ in range(batch_size)])
+    return env_constructor
 
 
 def _suite(suite, env_name, seed=0):
-    def make_env_constructor(batch_size, **kwargs):
-        return suites.make_env_constructor(suite, env_name, batch_size=batch_size, seed=seed,
-                                           **kwargs)
-    return make_env_constructor
+    return suites.sized_env_constructor(suites.make_env_constructor, suite, env_name, seed)
 
 
 def _children(suite, env_name, seed=0):
-    def make_env_constructor(batch_size):
-        return suites.make_subprocess_env_constructor(suite, env_name, batch_size=batch_size,
-                                                      seed=seed)
-    return make_env_constructor
+    return suites.sized_env_constructor(suites.make_subprocess_env_constructor, suite,
+                                        env_name, seed)
 
 
-def _dqn_policy(make_env_constructor, **network):
-    env = make_env_constructor(1)()
+def _dqn_policy(env_constructor, **network):
+    env = env_constructor(batch_size=1)
     try:
         if not network:
             return dqn_collect_policy(env)
@@ -115,7 +109,7 @@ def _dqn_policy(make_env_constructor, **network):
 
 
 def workload(name, args):
-    """(make_env_constructor, make_process_env_constructor or None, policy, rows)."""
+    """(env_constructor, process_env_constructor or None, policy, rows)."""
     if name == "cartpole64":
         make = _suite("suite_gym", "CartPole-v0")
         return make, _children("suite_gym", "CartPole-v0"), _dqn_policy(make), 64
@@ -138,7 +132,7 @@ def workload(name, args):
 
 def run_workload(name, args):
     make, make_children, policy, rows = workload(name, args)
-    choice = layout_lib.choose_layout(make, policy, rows, make_process_env_constructor=make_children,
+    choice = layout_lib.choose_layout(make, policy, rows, process_env_constructor=make_children,
                                       budget_secs=args.budget)
     table_layouts = layout_lib.candidates(choice.profile, rows,
                                           processes=make_children is not None)

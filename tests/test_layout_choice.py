@@ -26,7 +26,7 @@ def _policy():
 
 
 def _make(**kwargs):
-    return lambda batch_size: CountingEnvConstructor(batch_size=batch_size, **kwargs)
+    return lambda batch_size: CountingEnvConstructor(batch_size=batch_size, **kwargs)()
 
 
 def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
@@ -123,9 +123,9 @@ def test_measuring_real_drivers_picks_a_measured_layout_and_leaves_nothing(tmp_p
 
 def test_child_processes_are_measured_too_and_none_is_left():
     def in_children(batch_size):
-        return subprocess_env_constructor(envs.counting_env, num_envs=batch_size)
+        return subprocess_env_constructor(envs.counting_env, num_envs=batch_size)()
 
-    choice = choose_layout(_make(), _policy(), 2, make_process_env_constructor=in_children,
+    choice = choose_layout(_make(), _policy(), 2, process_env_constructor=in_children,
                            budget_secs=120.0, seconds_per_candidate=0.3)
     # Every candidate fits a big budget: 1x2 and 2x1 (one or two actors),
     # in process and in child processes.
@@ -156,3 +156,31 @@ def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():
 def test_num_environments_must_be_a_positive_integer():
     with pytest.raises(ValueError, match="^num_environments must be an integer >= 1, got 0$"):
         choose_layout(_make(), _policy(), 0)
+
+
+def test_a_zero_arg_env_constructor_keeps_its_batch_size():
+    # The driver's own kind of constructor: 4 rows each, so 8 environments
+    # are 2 env threads of 4, served by one actor thread or two.
+    measured = []
+
+    def measure(layout, seconds):
+        measured.append(layout)
+        return float(layout.num_actor_queues)
+
+    choice = choose_layout(CountingEnvConstructor(batch_size=4), _policy(), 8,
+                           budget_secs=1000.0, measure=measure)
+    assert sorted(measured) == [Layout(2, 4, 1, 2, False), Layout(2, 4, 2, 1, False)]
+    assert choice.layout == Layout(2, 4, 2, 1, False) and choice.profile.fixed_batch_size == 4
+    with pytest.raises(ValueError) as raised:
+        choose_layout(CountingEnvConstructor(batch_size=4), _policy(), 6, measure=measure)
+    assert str(raised.value) == ("no split of 6 environments into env threads fits: "
+                                 "env_constructor's environments have 4 rows")
+
+
+def test_a_zero_arg_env_constructor_is_measured_as_the_driver_runs_it():
+    choice = choose_layout(CountingEnvConstructor(batch_size=2), _policy(), 4,
+                           budget_secs=60.0, seconds_per_candidate=0.3)
+    assert sorted(layout for layout, _ in choice.rates) == [
+        Layout(2, 2, 1, 2, False), Layout(2, 2, 2, 1, False)]
+    assert all(rate > 0 for _, rate in choice.rates)
+    assert not driver_threads()

@@ -2,7 +2,7 @@
 policy, as FFTW's measured plans, cuDNN's autotuner and `tf.data.AUTOTUNE`
 do, instead of guessing.
 
-    choice = choose_layout(make_env_constructor, policy, num_environments=16)
+    choice = choose_layout(env_constructor, policy, num_environments=16)
     choice.layout      # Layout(num_envs=2, env_batch_size=8, num_actor_queues=1,
                        #        actor_queue_cap=2, processes=False)
     choice.rates       # [(Layout, env steps/s)], every candidate measured, fastest first
@@ -11,6 +11,13 @@ A layout splits `num_environments` environment rows into `num_envs` env
 threads of `env_batch_size` rows, served by `num_actor_queues` actor threads
 taking up to `actor_queue_cap` env threads' requests per forward pass, with
 the environments in this process or (`processes`) in child processes.
+
+`env_constructor` returns a TFEnvironment. Called as
+`env_constructor(batch_size=B)` (and `recv_batch_size=R` for EnvPool) when
+it takes a `batch_size` argument, it gives environments of any batch size,
+and every split of the rows is a candidate. The driver's own zero-arg
+env_constructor gives environments of one batch size B, and the candidates
+are the layouts of `num_environments / B` env threads of B rows.
 
 How it chooses, within `budget_secs`:
 
@@ -42,6 +49,8 @@ about `budget_secs` (plus one candidate's start-up and stop).
 """
 
 import collections
+import functools
+import inspect
 import os
 import re
 import threading
@@ -69,17 +78,19 @@ its default).
 
 Profile = collections.namedtuple(
     "Profile", ["step_secs", "step_cpu_secs", "step_gil_secs", "rows_stepped", "receives",
-                "inference_secs", "cores"])
+                "inference_secs", "cores", "fixed_batch_size"], defaults=(None,))
 Profile.__doc__ = """What one environment and the policy cost, measured.
 
-step_secs: wall seconds of one environment step; step_cpu_secs: the CPU
+step_secs: wall seconds of one environment step (a row's); step_cpu_secs: the CPU
 seconds the whole process spent on it (an EnvPool pool's own threads
 included); step_gil_secs: the stepping thread's CPU seconds in it (the GIL
 is held then, for a Python environment); rows_stepped: the driver steps the
 rows of a batch of these environments one by one (their waits overlap);
 receives: its rows come in receives of `recv_batch_size` (EnvPool);
 inference_secs: {batch size: seconds of one forward pass of the policy};
-cores: the cores this process may run on.
+cores: the cores this process may run on; fixed_batch_size: the rows of
+every environment the constructor gives (a zero-arg constructor's), None
+if it gives any batch size.
 """
 
 LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
@@ -176,13 +187,13 @@ def cores():
         return os.cpu_count() or 1
 
 
-def profile(make_env_constructor, policy, num_environments, seconds=1.0, clock=time.monotonic):
+def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.monotonic):
     """Measures one environment's step and the policy's forward pass (see
     the module docstring). Runs on the caller's thread.
 
     Args:
-        make_env_constructor: callable(batch_size) -> the driver's
-            env_constructor for environments of that batch size.
+        env_constructor: as `choose_layout`'s (with a fixed batch size B, a
+            B-row environment is stepped and each row costs a B-th).
         policy: the TFPolicy the driver will act with.
         num_environments: the largest batch the policy is timed at.
         seconds: about how long stepping the environment takes.
@@ -191,22 +202,38 @@ def profile(make_env_constructor, policy, num_environments, seconds=1.0, clock=t
     Returns:
         A `Profile`.
     """
-    env = make_env_constructor(1)()
+    any_batch = takes_batch_size(env_constructor)
+    env = env_constructor(batch_size=1) if any_batch else env_constructor()
     try:
         py_env = capabilities.python_env(env)
         rows_stepped = blocks(env) or isinstance(py_env, capabilities.RowStepping)
         receives = getattr(py_env, "recv_batch_size", None) is not None
-        step_secs, step_cpu_secs, step_gil_secs = _time_steps(env, seconds, clock)
+        rows = env.batch_size or 1
+        step_secs, step_cpu_secs, step_gil_secs = (
+            secs / rows for secs in _time_steps(env, seconds, clock))
         time_step = env.reset()
+        if rows > 1:
+            time_step = tf.nest.map_structure(lambda t: t[:1], time_step)
     finally:
         env.close()
     return Profile(step_secs, step_cpu_secs, step_gil_secs, rows_stepped, receives,
-                   _time_inference(policy, time_step, num_environments, clock), cores())
+                   _time_inference(policy, time_step, num_environments, clock), cores(),
+                   None if any_batch else rows)
+
+
+def takes_batch_size(env_constructor):
+    """Whether `env_constructor` takes a `batch_size` argument (see the
+    module docstring)."""
+    try:
+        parameters = inspect.signature(env_constructor).parameters.values()
+    except (TypeError, ValueError):   # no signature to read: the driver's zero-arg kind
+        return False
+    return any(p.name == "batch_size" or p.kind == p.VAR_KEYWORD for p in parameters)
 
 
 def _time_steps(env, seconds, clock):
-    """(wall, process CPU, this thread's CPU) seconds per step of `env`
-    (batch size 1), random actions."""
+    """(wall, process CPU, this thread's CPU) seconds per step of all of
+    `env`'s rows, random actions."""
     py_env = capabilities.python_env(env)
     if py_env is not None:
         rng = np.random.default_rng(0)
@@ -318,7 +345,8 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     """Every layout of `num_environments` rows worth considering, best
     predicted first: each split into env threads (at most `max_threads`,
     default 4 per core; with `batch_rows`, only splits whose env batch size
-    divides it) with one actor thread taking every waiting request, and,
+    divides it; with the profile's `fixed_batch_size`, only splits into env
+    batches of that size, however many threads) with one actor thread taking every waiting request, and,
     with two env threads or more on two cores or more, two actor threads;
     in child processes too when `processes`; for EnvPool, in process only,
     with receives of the whole pool, half and a quarter of it.
@@ -328,12 +356,14 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
             env threads and place, best first, then the others, best first.
     """
     max_threads = max_threads or 4 * profile_.cores
+    fixed = profile_.fixed_batch_size
     layouts = []
-    for num_envs in range(1, min(num_environments, max_threads) + 1):
+    for num_envs in range(1, num_environments + 1):
         if num_environments % num_envs:
             continue
         rows = num_environments // num_envs
-        if batch_rows is not None and batch_rows % rows:
+        if (batch_rows is not None and batch_rows % rows) or (
+                rows != fixed if fixed else num_envs > max_threads):
             continue
         for queues in (1, 2):
             if queues > num_envs or (queues > 1 and profile_.cores < 2):
@@ -356,24 +386,27 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     return firsts + [layout for layout in ranked if layout not in firsts]
 
 
-def env_constructor_of(make_env_constructor, layout):
-    """The driver's env_constructor for `layout`: `make_env_constructor`
-    called with its env batch size (and its EnvPool receive size)."""
+def driver_env_constructor(env_constructor, layout):
+    """The driver's zero-arg env_constructor for `layout` from
+    `env_constructor` (`choose_layout`'s): called with its env batch size
+    (and its EnvPool receive size), or itself if it takes no batch size."""
+    if not takes_batch_size(env_constructor):
+        return env_constructor
     if layout.recv_batch_size is None:
-        return make_env_constructor(layout.env_batch_size)
-    return make_env_constructor(layout.env_batch_size, recv_batch_size=layout.recv_batch_size)
+        return functools.partial(env_constructor, batch_size=layout.env_batch_size)
+    return functools.partial(env_constructor, batch_size=layout.env_batch_size,
+                             recv_batch_size=layout.recv_batch_size)
 
 
-def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
+def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
                  stop_event=None, clock=time.monotonic):
     """Env steps per second of `layout`: a driver whose learner only
     dequeues (one unroll of every env thread at a time), measured for
     `seconds` after its first batch.
 
     Args:
-        make_env_constructor: callable(batch_size, **kwargs) -> the driver's
-            env_constructor (the in-process or the child-process one, as
-            `layout.processes` says; kwargs: `recv_batch_size` for EnvPool).
+        env_constructor: as `choose_layout`'s (the in-process or the
+            child-process one, as `layout.processes` says).
         policy: the TFPolicy to act with.
         layout: the `Layout` to run.
         seconds: how long to count.
@@ -389,7 +422,7 @@ def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
         Exception: whatever the environments or the policy raised, with its type.
     """
     driver = AsyncOffPolicyDriver(
-        env_constructor_of(make_env_constructor, layout), policy, num_envs=layout.num_envs,
+        driver_env_constructor(env_constructor, layout), policy, num_envs=layout.num_envs,
         num_actor_queues=layout.num_actor_queues, actor_queue_cap=layout.actor_queue_cap,
         unroll_length=unroll_length, learn_queue_cap=layout.num_envs)
     done = threading.Event()
@@ -418,8 +451,8 @@ def measure_rate(make_env_constructor, policy, layout, seconds, unroll_length=8,
             raise DriverStoppedError("measuring layouts was stopped")
 
 
-def choose_layout(make_env_constructor, policy, num_environments,
-                  make_process_env_constructor=None, budget_secs=20.0, seconds_per_candidate=1.5,
+def choose_layout(env_constructor, policy, num_environments,
+                  process_env_constructor=None, budget_secs=20.0, seconds_per_candidate=1.5,
                   unroll_length=8, batch_rows=None, stop_event=None, print_fn=None,
                   clock=time.monotonic, measure=None):
     """Measures candidate layouts for `num_environments` rows of the user's
@@ -427,12 +460,14 @@ def choose_layout(make_env_constructor, policy, num_environments,
     docstring).
 
     Args:
-        make_env_constructor: callable(batch_size, **kwargs) -> the driver's
-            env_constructor for in-process environments of that batch size
-            (kwargs: `recv_batch_size`, only for EnvPool environments).
+        env_constructor: callable returning an in-process TFEnvironment:
+            `env_constructor(batch_size=B)` for B rows (also given
+            `recv_batch_size=R` for EnvPool), or the driver's zero-arg kind,
+            whose batch size every candidate then keeps (see the module
+            docstring).
         policy: the TFPolicy the driver will act with (its collect policy).
         num_environments: environment rows in total (num_envs x env_batch_size).
-        make_process_env_constructor: the same for environments in child
+        process_env_constructor: the same for environments in child
             processes; None: in process only.
         budget_secs: seconds to spend at most, profiling included (one
             candidate's start-up and stop may run past it).
@@ -452,7 +487,8 @@ def choose_layout(make_env_constructor, policy, num_environments,
 
     Raises:
         ValueError: `num_environments` is not an integer >= 1, or no split
-            of it into env threads divides `batch_rows`.
+            of it into env threads fits (a fixed batch size must divide it,
+            an env batch size must divide `batch_rows`).
         DriverStoppedError: `stop_event` was set before a layout was chosen.
         Exception: whatever the environments or the policy raised, with its type.
     """
@@ -460,17 +496,20 @@ def choose_layout(make_env_constructor, policy, num_environments,
             num_environments < 1):
         raise ValueError(f"num_environments must be an integer >= 1, got {num_environments!r}")
     start = clock()
-    profile_ = profile(make_env_constructor, policy, num_environments,
+    profile_ = profile(env_constructor, policy, num_environments,
                        seconds=min(1.0, budget_secs / 10), clock=clock)
     ranked = candidates(profile_, num_environments,
-                        processes=make_process_env_constructor is not None,
-                        batch_rows=batch_rows)
+                        processes=process_env_constructor is not None, batch_rows=batch_rows)
     if not ranked:
-        raise ValueError(f"no split of {num_environments} environments into env threads has "
-                         f"an env batch size that divides the learner's {batch_rows} rows")
+        fixed = profile_.fixed_batch_size
+        reasons = ([f"env_constructor's environments have {fixed} rows"] if fixed else []) + (
+            [f"an env batch size must divide the learner's {batch_rows} rows"]
+            if batch_rows is not None else [])
+        raise ValueError(f"no split of {num_environments} environments into env threads "
+                         f"fits: {'; '.join(reasons)}")
     if measure is None:
         def measure(layout, seconds):
-            make = make_process_env_constructor if layout.processes else make_env_constructor
+            make = process_env_constructor if layout.processes else env_constructor
             return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock)
     rates, longest = [], 0.0
     for layout in ranked:

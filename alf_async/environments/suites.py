@@ -249,3 +249,30 @@ def make_env_constructor(suite, env_name, batch_size=1, seed=None, **kwargs):
     if suite not in _SUITES:  # fail before any thread starts
         raise ValueError(f"unknown environment suite {suite!r}; known: {suite_names()}")
     return SuiteEnvConstructor(suite, env_name, batch_size=batch_size, seed=seed, **kwargs)
+
+
+def sized_env_constructor(make_env_constructor, suite, env_name, seed=None):
+    """`choose_layout`'s env_constructor: callable(batch_size, **kwargs) ->
+    an environment of `suite`'s `env_name` with that many rows.
+
+    Args:
+        make_env_constructor: `make_env_constructor`,
+            `make_subprocess_env_constructor` or one with their signature.
+        suite, env_name, seed: as theirs.
+
+    Returns:
+        The callable. It calls one driver env_constructor per batch size and
+        kwargs, so that every environment it makes has its own seeds; any
+        thread may call it.
+    """
+    constructors, lock = {}, threading.Lock()
+
+    def env_constructor(batch_size, **kwargs):
+        key = (batch_size, tuple(sorted(kwargs.items())))
+        with lock:
+            if key not in constructors:
+                constructors[key] = make_env_constructor(suite, env_name, batch_size=batch_size,
+                                                         seed=seed, **kwargs)
+            constructor = constructors[key]
+        return constructor()
+    return env_constructor
