@@ -503,6 +503,8 @@ def _run_layout(root_dir, layout, suite, env_name, seed, make_env_constructor, p
     if layout != "auto" or saved is not None:
         run_layout = layout_lib.parse_layout(saved or layout)
     else:
+        print_fn(f"[alf_async] train.layout = 'auto': measuring layouts of {rows} environments "
+                 f"for up to {budget_secs:g} s")
         in_process = suites.sized_env_constructor(make_env_constructor, suite, env_name, seed)
         in_children = suites.sized_env_constructor(suites.make_subprocess_env_constructor,
                                                    suite, env_name, seed)

@@ -6,14 +6,21 @@ refused with one line before anything starts."""
 import glob
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import gin
 import pytest
 
 from alf_async import trainer
 from alf_async.driver.layout import parse_layout
-from test_trainer import SMOKE_GIN  # noqa: E402  (tests/ is on sys.path)
+from test_subprocess_env import _process_table  # noqa: E402  (tests/ is on sys.path)
+from test_trainer import SMOKE_GIN  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -91,5 +98,59 @@ def test_a_stop_while_measuring_runs_nothing(tmp_path):
     lines = []
     result = trainer.train(str(tmp_path), layout="auto", stop_event=stop, print_fn=lines.append)
     assert result.stopped_by == "stop_event" and result.global_step == 0
-    assert lines == ["[alf_async] stopped (stop_event) while measuring layouts; nothing was run"]
+    assert lines == [
+        "[alf_async] train.layout = 'auto': measuring layouts of 4 environments for up to 20 s",
+        "[alf_async] stopped (stop_event) while measuring layouts; nothing was run"]
+    assert not glob.glob(os.path.join(str(tmp_path), "operative_config-*.gin"))
+
+
+def _pids_below(root):
+    table = _process_table()
+    found, stack = set(), [root]
+    while stack:
+        parent = stack.pop()
+        for pid, (ppid, _) in table.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                stack.append(pid)
+    return found
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigint_while_measuring_exits_0_and_leaves_no_process_behind(tmp_path):
+    # smoke.gin's CartPoles are suite_gym's, so child processes are among
+    # the candidates: whatever processes the measuring started must be gone.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
+         "--gin_file", SMOKE_GIN, "--gin_param", "train.layout = 'auto'",
+         "--gin_param", "train.layout_budget_secs = 60.0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        for line in proc.stdout:
+            if line.startswith("[alf_async] train.layout = 'auto': measuring layouts"):
+                break
+        time.sleep(4.0)
+        below = _pids_below(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=20)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output[-3000:]
+    assert elapsed < 10
+    assert "[alf_async] stopped (stop_event) while measuring layouts; nothing was run" in output
+    deadline = time.monotonic() + 5
+    while any(map(_alive, below)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in below if _alive(pid)]
     assert not glob.glob(os.path.join(str(tmp_path), "operative_config-*.gin"))
