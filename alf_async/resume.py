@@ -162,7 +162,7 @@ class OperativeConfigHook(Hook):
     def _write(self, learner):
         text = gin.operative_config_str()
         if self._layout is not None:
-            binding = (f"# train.layout = 'auto' chose, by measuring when the run started:\n"
+            binding = (f"# chosen by train.layout 'auto', measuring when the run started:\n"
                        f"train.layout = {self._layout!r}")
             text, found = re.subn(r"^train\.layout = ['\"]auto['\"]$", binding, text,
                                   flags=re.MULTILINE)

@@ -236,7 +236,7 @@ def _time_steps(env, seconds, clock):
     `env`'s rows, random actions."""
     py_env = capabilities.python_env(env)
     if py_env is not None:
-        rng = np.random.default_rng(0)
+        rng = np.random.RandomState(0)   # tf-agents samples specs with RandomState
         outer = (py_env.batch_size,) if py_env.batched else ()
 
         def step():
