@@ -96,7 +96,8 @@ def test_the_site_check_finds_an_item_that_continues_the_one_before(tmp_path):
     # mkdocstrings-python's list-style sections, as .ci/run builds the site.
     page = tmp_path / "reference" / "driver" / "index.html"
     page.parent.mkdir(parents=True)
-    signature = '<div class="doc-signature highlight"><pre><code>stop(timeout, *, grace)</code></pre></div>'
+    signature = ('<div class="doc-signature highlight"><pre><code>stop(timeout, *, grace)'
+                 '</code></pre></div>')
     whole = signature + "".join([
         _section("Parameters", _item("timeout", "seconds"), _item("grace", "seconds")),
         _section("Returns", _item("", "the number of env steps, counted")),

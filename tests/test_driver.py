@@ -12,11 +12,13 @@ from tf_agents.metrics import tf_metrics
 
 from alf_async import AsyncOffPolicyDriver, DriverStoppedError
 from alf_async.driver.health import DriverHealth
+from alf_async.learning.scalar_summaries import ScalarSummaries
 from alf_async.driver.metrics import AsyncStepMetric, by_name
 from alf_async.testing.envs import OBS_COUNTER, OBS_ENV, OBS_STEP, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import (CountingPolicy, FailingPolicy, StatefulCountingPolicy,
                                         expected_counting_action)
 from conftest import driver_threads
+from test_trainer import read_scalars  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -392,26 +394,24 @@ def test_health_rates_are_one_point_per_interval_and_none_at_a_repeated_step(tmp
                   learn_queue_cap=2, actor_queue_cap=2)
     clock = iter([100.0, 102.0, 103.0, 107.0]).__next__
     health = DriverHealth(driver, clock=clock)
-    writer = tf.summary.create_file_writer(str(tmp_path))
+    summaries = ScalarSummaries(tf.summary.create_file_writer(str(tmp_path)))
+
+    def write(step):
+        summaries.write({tag: (value, step) for tag, value in health.scalars(step).items()})
+
     driver.start()
     try:
-        with writer.as_default():
+        driver.run_async()
+        write(10)
+        for _ in range(3):
             driver.run_async()
-            health.write(10)
-            for _ in range(3):
-                driver.run_async()
-            health.write(20)       # 2 s after the write at 10
-            health.write(20)       # the final write: no interval of its own
-            health.write(30)       # 5 s after the write at 20
+        write(20)       # 2 s after the write at 10
+        write(20)       # the final write: no interval of its own
+        write(30)       # 5 s after the write at 20
     finally:
         driver.stop()
-    writer.close()
-    scalars = {}
-    for path in tmp_path.iterdir():
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append(
-                    (event.step, float(tf.make_ndarray(value.tensor))))
+    summaries.flush()
+    scalars = read_scalars(str(tmp_path))
     assert scalars["Perf/train_steps_per_sec"] == [(20, 5.0), (30, 2.0)]
     for tag in ("Perf/env_steps_per_sec", "Perf/action_wait_fraction"):
         assert [step for step, _ in scalars[tag]] == [20, 30], tag

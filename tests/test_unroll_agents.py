@@ -20,6 +20,7 @@ from alf_async.learning.policy_lag import PolicyLag, StampedInfo, TrainStepStamp
 from alf_async.learning.replayers import OneTimeReplayer
 from alf_async.testing.envs import CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
+from test_trainer import read_scalars  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,17 +115,6 @@ def test_ppo_trains_against_the_dist_params_recorded_at_act_time():
     assert step.numpy() == 2
 
 
-def _scalars(directory):
-    """{tag: [(step, value)]} of the event files in `directory`."""
-    out = {}
-    for path in directory.iterdir():
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                out.setdefault(value.tag, []).append(
-                    (event.step, float(tf.make_ndarray(value.tensor))))
-    return out
-
-
 def test_each_agent_writes_its_losses_once_per_train_call_under_losses(tmp_path):
     env = _cartpole()
     ppo_step, impala_step = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
@@ -144,7 +134,7 @@ def test_each_agent_writes_its_losses_once_per_train_call_under_losses(tmp_path)
         writer.close()
     # PPO: the means over the update's 6 gradient steps, at the step it ends
     # on, under tf-agents' PPO tags; no single minibatch's summary.
-    written = _scalars(tmp_path / "ppo")
+    written = read_scalars(str(tmp_path / "ppo"))
     extra = ppo_info.extra
     expected = {name: float(getattr(extra, name)) for name in (
         "policy_gradient_loss", "value_estimation_loss", "l2_regularization_loss",
@@ -155,7 +145,7 @@ def test_each_agent_writes_its_losses_once_per_train_call_under_losses(tmp_path)
         assert written["Losses/" + name] == [(6, pytest.approx(value, rel=1e-5))], name
     # IMPALA: one gradient step, written at the step it starts from (as
     # tf-agents' DQN and SAC write theirs).
-    written = _scalars(tmp_path / "impala")
+    written = read_scalars(str(tmp_path / "impala"))
     assert written == {
         "Losses/loss": [(0, pytest.approx(float(impala_info.loss), rel=1e-5))],
         **{f"{family}/{name}": [(0, pytest.approx(float(getattr(impala_info.extra, name)),

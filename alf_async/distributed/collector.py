@@ -53,6 +53,7 @@ from alf_async.learning import agents  # also registers the agents with gin
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.learning.learner import Hook, Learner
+from alf_async.learning.scalar_summaries import ScalarSummaries, metric_points
 from alf_async.learning.policy_lag import TrainStepStampedPolicy
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, RowWriters, is_unroll_queue
 
@@ -288,7 +289,7 @@ class CollectorSummaryHook(Hook):
     `interval_secs` and at the end (the collection loop's thread)."""
 
     def __init__(self, writer, train_step, interval_secs=10.0):
-        self._writer = writer
+        self._summaries = ScalarSummaries(writer)
         self._train_step = train_step
         self._interval = interval_secs
         self._last = time.monotonic()
@@ -299,14 +300,12 @@ class CollectorSummaryHook(Hook):
 
     def end(self, learner, stopped_by):
         self._write(learner)
-        self._writer.flush()
+        self._summaries.flush()
 
     def _write(self, learner):
         driver = learner.driver
-        with self._writer.as_default(), tf.summary.record_if(True):
-            for metric in driver.get_metrics():
-                metric.tf_summaries(train_step=self._train_step,
-                                    step_metrics=driver.get_step_metrics())
+        self._summaries.write(metric_points(driver.get_metrics(), driver.get_step_metrics(),
+                                            int(self._train_step.numpy())))
         self._last = time.monotonic()
 
 

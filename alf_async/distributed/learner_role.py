@@ -305,19 +305,20 @@ class ReplayFeed(object):
 
 
 class FeedHealth(object):
-    """`SummaryHook`'s health summaries for a `ReplayFeed`: Replay/size,
+    """`SummaryHook`'s health scalars for a `ReplayFeed`: Replay/size,
     Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
-    (observed over the interval since the previous write at an earlier train
-    step; a write at the same train step writes none), Collectors/restarts. `write` runs on the
-    learner's thread (under its summary writer) and blocks for one
-    `server_info` call at most."""
+    (observed over the interval since the previous call at an earlier train
+    step; a call at the same train step has none), Collectors/restarts.
+    `scalars` runs on the learner's thread and blocks for one `server_info`
+    call at most."""
 
     def __init__(self, client, collectors):
         self._client = client
         self._collectors = collectors
         self._last = None
 
-    def write(self, train_step):
+    def scalars(self, train_step):
+        """Returns `{tag: value}` at `train_step`."""
         table = self._client.server_info(timeout=10)[REPLAY_TABLE]
         limiter = table.rate_limiter_info
         now = time.monotonic()
@@ -325,15 +326,15 @@ class FeedHealth(object):
         last = self._last
         if last is None or int(train_step) > last[2]:   # as DriverHealth: no rate
             self._last = (now, counts, int(train_step))  # over an empty interval
-        step = tf.constant(train_step, tf.int64)
-        tf.summary.scalar("Replay/size", table.current_size, step=step)
+        scalars = {"Replay/size": table.current_size}
         if last is not None and int(train_step) > last[2] and now > last[0]:
             inserts, samples = counts[0] - last[1][0], counts[1] - last[1][1]
-            tf.summary.scalar("Replay/inserts_per_sec", inserts / (now - last[0]), step=step)
-            tf.summary.scalar("Replay/samples_per_sec", samples / (now - last[0]), step=step)
+            scalars["Replay/inserts_per_sec"] = inserts / (now - last[0])
+            scalars["Replay/samples_per_sec"] = samples / (now - last[0])
             if inserts > 0:
-                tf.summary.scalar("Replay/samples_per_insert", samples / inserts, step=step)
-        tf.summary.scalar("Collectors/restarts", self._collectors.restarts, step=step)
+                scalars["Replay/samples_per_insert"] = samples / inserts
+        scalars["Collectors/restarts"] = self._collectors.restarts
+        return scalars
 
 
 @gin.configurable

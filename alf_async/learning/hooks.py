@@ -3,8 +3,9 @@
 - `SummaryHook(interval)`: the driver's metrics (tf-agents' tags), for
   unroll agents the policy lag of the latest batch (Learner/...) and the
   driver's health (Perf/, Queues/, Env/) every `interval` train steps and
-  at the end, to the learner's summary writer. The losses are the agent's
-  own summaries (tf-agents' `Losses/...`), written inside its train step.
+  at the end, to the learner's summary writer, all in one graph call
+  (`ScalarSummaries`). The losses are the agent's own summaries
+  (tf-agents' `Losses/...`), written inside its train step.
 - `EvaluationHook(evaluator, writer, interval, stop_at_return, solved)`: the
   greedy policy's average return every `interval` train steps (its graph is
   traced on the learner's helper thread once training starts); stops the
@@ -29,6 +30,7 @@ import tensorflow as tf
 from alf_async.driver import metrics as metrics_lib
 from alf_async.driver.health import DriverHealth
 from alf_async.learning.learner import Hook, crossed
+from alf_async.learning.scalar_summaries import ScalarSummaries, metric_points
 
 
 class SummaryHook(Hook):
@@ -38,8 +40,12 @@ class SummaryHook(Hook):
     def __init__(self, interval):
         self._interval = interval
         self._health = None
+        self._summaries = None
 
     def begin(self, learner):
+        if learner.summary_writer is None:
+            raise ValueError("SummaryHook needs a Learner with a summary_writer")
+        self._summaries = ScalarSummaries(learner.summary_writer)
         driver = learner.driver
         # A learner fed by collectors (distributed.learner_role.ReplayFeed) has its own health.
         self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
@@ -51,19 +57,17 @@ class SummaryHook(Hook):
 
     def end(self, learner, stopped_by):
         self._write(learner, learner.train_step)
-        tf.summary.flush()
+        self._summaries.flush()
 
     def _write(self, learner, step):
         driver = learner.driver
-        with tf.summary.record_if(True):
-            for metric in driver.get_metrics():
-                metric.tf_summaries(train_step=learner.agent.train_step_counter,
-                                    step_metrics=driver.get_step_metrics())
-            lag = learner.replayer.policy_lag() if learner.replayer is not None else None
-            if lag is not None:
-                tf.summary.scalar("Learner/policy_lag", lag[0], step=step)
-                tf.summary.scalar("Learner/policy_lag_max", lag[1], step=step)
-            self._health.write(step)
+        points = metric_points(driver.get_metrics(), driver.get_step_metrics(), step)
+        lag = learner.replayer.policy_lag() if learner.replayer is not None else None
+        if lag is not None:
+            points["Learner/policy_lag"] = (lag[0], step)
+            points["Learner/policy_lag_max"] = (lag[1], step)
+        points.update((tag, (value, step)) for tag, value in self._health.scalars(step).items())
+        self._summaries.write(points)
 
 
 class SolvedRecord(tf.Module):
@@ -103,7 +107,7 @@ class EvaluationHook(Hook):
         self._evaluator = evaluator
         self._policy_name = policy_name
         self._solved = solved
-        self._writer = writer
+        self._summaries = ScalarSummaries(writer)
         self._interval = interval
         self._stop_at_return = stop_at_return
         self._print = print_fn
@@ -119,7 +123,7 @@ class EvaluationHook(Hook):
             self._evaluate(learner, train_step)
 
     def end(self, learner, stopped_by):
-        self._writer.flush()
+        self._summaries.flush()
 
     def _evaluate(self, learner, step):
         learner.warm_up.wait("eval")
@@ -127,11 +131,10 @@ class EvaluationHook(Hook):
         secs = time.monotonic() - learner.start_time
         env_steps = learner.env_steps
         self.evaluations.append((secs, step, env_steps, average_return, average_length))
-        with self._writer.as_default(), tf.summary.record_if(True):
-            tf.summary.scalar("Metrics/AverageReturn", average_return, step=step)
-            tf.summary.scalar("Metrics/AverageEpisodeLength", average_length, step=step)
-            tf.summary.scalar("Metrics_vs_EnvironmentSteps/AverageReturn", average_return,
-                              step=env_steps)
+        self._summaries.write({
+            "Metrics/AverageReturn": (average_return, step),
+            "Metrics/AverageEpisodeLength": (average_length, step),
+            "Metrics_vs_EnvironmentSteps/AverageReturn": (average_return, env_steps)})
         self._print(f"[alf_async] eval at train step {step} ({secs:.1f} s, {env_steps} env "
                     f"steps): {self._policy_name} AverageReturn {average_return:.1f} over "
                     f"{self._evaluator.num_episodes} episodes, AverageEpisodeLength "

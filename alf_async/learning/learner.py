@@ -166,6 +166,11 @@ class Learner(object):
         return self._counters
 
     @property
+    def summary_writer(self):
+        """The `tf.summary.SummaryWriter` the loop runs under (None: none)."""
+        return self._summary_writer
+
+    @property
     def warm_up(self):
         """The helper thread's `WarmUp` (hooks may submit graph builds to it)."""
         return self._warm_up
