@@ -255,15 +255,18 @@ def sized_env_constructor(make_env_constructor, suite, env_name, seed=None):
     """`choose_layout`'s env_constructor: callable(batch_size, **kwargs) ->
     an environment of `suite`'s `env_name` with that many rows.
 
+    It calls one driver env_constructor per batch size and kwargs, so that
+    every environment it makes has its own seeds; any thread may call it.
+
     Args:
         make_env_constructor: `make_env_constructor`,
             `make_subprocess_env_constructor` or one with their signature.
-        suite, env_name, seed: as theirs.
+        suite: as theirs.
+        env_name: as theirs.
+        seed: as theirs.
 
     Returns:
-        The callable. It calls one driver env_constructor per batch size and
-        kwargs, so that every environment it makes has its own seeds; any
-        thread may call it.
+        The callable.
     """
     constructors, lock = {}, threading.Lock()
 
