@@ -75,6 +75,62 @@ def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_earl
     assert ranked[0].num_envs == 6
 
 
+def test_in_process_and_child_processes_take_turns_in_process_first():
+    # Children are predicted faster here (a step's CPU runs beside the
+    # GIL), yet the first candidate is in process, and the places alternate.
+    profile = layout_lib.Profile(step_secs=2e-3, step_cpu_secs=2e-3, step_gil_secs=2e-3,
+                                 rows_stepped=False, receives=False,
+                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3}, cores=2)
+    ranked = layout_lib.candidates(profile, 4, processes=True)
+    best = max(ranked, key=lambda l: layout_lib.predicted_rate(profile, l))
+    assert best.processes
+    assert [l.processes for l in ranked[:6]] == [False, True] * 3
+    # 1, 2 and 4 env threads, each place's best first.
+    assert {l.num_envs for l in ranked[:6:2]} == {l.num_envs for l in ranked[1:6:2]} == {1, 2, 4}
+
+
+def test_a_place_whose_candidates_take_long_is_not_measured_again_past_the_budget():
+    measured = []
+
+    def measure(layout, seconds):
+        time.sleep(0.6 if layout.processes else 0.05)
+        measured.append(layout)
+        return 1.0
+
+    def in_children(batch_size):
+        raise AssertionError("measure is given: nothing is built")
+
+    start = time.monotonic()
+    choose_layout(_make(), _policy(), 16, process_env_constructor=in_children,
+                  budget_secs=1.5, measure=measure)
+    elapsed = time.monotonic() - start
+    # The first child-process candidate was expected to take as long as an
+    # in-process one and was measured; its 0.6 s then kept the others out
+    # once less than that was left, while in-process ones went on.
+    assert measured[0].processes is False and measured[1].processes is True
+    assert 1 <= sum(l.processes for l in measured) <= 2
+    assert sum(not l.processes for l in measured) > 3
+    assert elapsed < 1.5 + 0.1
+
+
+def test_a_candidate_still_starting_at_the_deadline_is_stopped_and_not_counted():
+    # Its first batch needs 8 steps of 0.3 s: after the deadline.
+    make = _make(env_cls=BlockingCountingEnv, latency=0.3)
+    start = time.monotonic()
+    rate = layout_lib.measure_rate(make, _policy(), Layout(1, 2, 1, 1, False), seconds=5.0,
+                                   deadline=time.monotonic() + 1.0)
+    assert rate is None
+    assert time.monotonic() - start < 1.0 + 1.0
+    assert not driver_threads()
+    # Counting that began before the deadline ends at it.
+    make = _make(env_cls=BlockingCountingEnv, latency=0.01)
+    start = time.monotonic()
+    rate = layout_lib.measure_rate(make, _policy(), Layout(1, 2, 1, 1, False), seconds=30.0,
+                                   deadline=time.monotonic() + 2.0)
+    assert rate > 0 and time.monotonic() - start < 2.0 + 1.0
+    assert not driver_threads()
+
+
 def test_the_choice_is_the_fastest_measured_and_every_rate_is_returned():
     known = {}
 

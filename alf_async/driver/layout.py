@@ -39,18 +39,23 @@ How it chooses, within `budget_secs`:
 3. **Measure** (`measure_rate`): the best-ranked candidates, each as a real
    `AsyncOffPolicyDriver` on the user's constructor and policy whose
    learner only dequeues, for a few seconds after its first batch (its
-   graphs traced); env steps per second from the driver's counters. It
-   stops measuring new candidates once the next would not fit the budget.
+   graphs traced); env steps per second from the driver's counters. A
+   candidate is measured only if it is expected to fit what is left of the
+   budget (as long as the longest yet in its place, in process or in child
+   processes); after the first, the budget's end is a deadline: a candidate
+   still starting then is stopped and not counted.
 
 Threads: `choose_layout` runs on the caller's thread and starts, for each
 candidate, a driver and a watcher thread that stops it when `stop_event` is
-set; both are stopped before it returns or raises. It blocks for at most
-about `budget_secs` (plus one candidate's start-up and stop).
+set or the deadline comes; both are stopped before it returns or raises.
+It blocks for about `budget_secs` at most (plus the first candidate's
+start-up if that alone is longer, and the stopping of the last).
 """
 
 import collections
 import functools
 import inspect
+import itertools
 import os
 import re
 import threading
@@ -110,6 +115,7 @@ candidates; secs: seconds spent profiling and measuring.
 REQUEST_SECS = 480e-6
 ROW_SECS = 8e-6
 PROCESS_STEP_SECS = 150e-6
+_ACTIONS = 16    # random actions drawn for profiling, cycled
 
 
 def format_layout(layout):
@@ -233,26 +239,26 @@ def takes_batch_size(env_constructor):
 
 def _time_steps(env, seconds, clock):
     """(wall, process CPU, this thread's CPU) seconds per step of all of
-    `env`'s rows, random actions."""
+    `env`'s rows, random actions drawn before the clock starts (tf-agents'
+    `sample_spec_nest` costs ~0.5 ms a call, more than a CartPole step)."""
     py_env = capabilities.python_env(env)
     if py_env is not None:
         rng = np.random.RandomState(0)   # tf-agents samples specs with RandomState
         outer = (py_env.batch_size,) if py_env.batched else ()
-
-        def step():
-            py_env.step(array_spec.sample_spec_nest(py_env.action_spec(), rng, outer_dims=outer))
+        actions = [array_spec.sample_spec_nest(py_env.action_spec(), rng, outer_dims=outer)
+                   for _ in range(_ACTIONS)]
+        step = py_env.step
         py_env.reset()
     else:
-        spec = env.action_spec()
-
-        def step():
-            env.step(tensor_spec.sample_spec_nest(spec, outer_dims=(env.batch_size,)))
+        actions = [tensor_spec.sample_spec_nest(env.action_spec(), outer_dims=(env.batch_size,))
+                   for _ in range(_ACTIONS)]
+        step = env.step
         env.reset()
-    step()                              # a first step may build or warm things
+    step(actions[0])                    # a first step may build or warm things
     steps, start = 0, clock()
     process_start, thread_start = time.process_time(), time.thread_time()
     while steps < 5 or (clock() - start < seconds and steps < 100000):
-        step()
+        step(actions[steps % _ACTIONS])
         steps += 1
     wall = clock() - start
     thread = min(time.thread_time() - thread_start, wall)
@@ -353,7 +359,8 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
 
     Returns:
         [Layout]: the best predicted (`predicted_rate`) of each number of
-            env threads and place, best first, then the others, best first.
+            env threads and place, best first, in process and in child
+            processes in turn, then the others, best first.
     """
     max_threads = max_threads or 4 * profile_.cores
     fixed = profile_.fixed_batch_size
@@ -376,14 +383,19 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
             for where in ((False, True) if processes else (False,)):
                 layouts.append(Layout(num_envs, rows, queues, cap, where))
     ranked = sorted(layouts, key=lambda layout: -predicted_rate(profile_, layout))
-    # The best of each number of env threads (and place) first, so that the
-    # first few measured differ where the model is least sure.
-    firsts, seen = [], set()
+    # The best of each number of env threads first, so that the first few
+    # measured differ where the model is least sure; in process and in
+    # child processes taken in turn, in process first (it starts sooner),
+    # since the model knows the children's costs least.
+    firsts = {False: [], True: []}
+    seen = set()
     for layout in ranked:
         if (layout.num_envs, layout.processes) not in seen:
             seen.add((layout.num_envs, layout.processes))
-            firsts.append(layout)
-    return firsts + [layout for layout in ranked if layout not in firsts]
+            firsts[layout.processes].append(layout)
+    turns = [layout for pair in itertools.zip_longest(firsts[False], firsts[True])
+             for layout in pair if layout is not None]
+    return turns + [layout for layout in ranked if layout not in turns]
 
 
 def driver_env_constructor(env_constructor, layout):
@@ -399,7 +411,7 @@ def driver_env_constructor(env_constructor, layout):
 
 
 def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
-                 stop_event=None, clock=time.monotonic):
+                 stop_event=None, clock=time.monotonic, deadline=None):
     """Env steps per second of `layout`: a driver whose learner only
     dequeues (one unroll of every env thread at a time), measured for
     `seconds` after its first batch.
@@ -413,9 +425,12 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
         unroll_length: steps per unroll.
         stop_event: a `threading.Event`; once set, the driver is stopped.
         clock: a zero-arg callable returning seconds.
+        deadline: a `clock()` time by which to have stopped counting: the
+            count ends there if it began, else the driver is stopped there
+            and nothing is counted. None: no deadline.
 
     Returns:
-        env steps per second.
+        env steps per second, or None if `deadline` came before the first batch.
 
     Raises:
         DriverStoppedError: `stop_event` was set.
@@ -425,21 +440,31 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
         driver_env_constructor(env_constructor, layout), policy, num_envs=layout.num_envs,
         num_actor_queues=layout.num_actor_queues, actor_queue_cap=layout.actor_queue_cap,
         unroll_length=unroll_length, learn_queue_cap=layout.num_envs)
-    done = threading.Event()
+    done, late = threading.Event(), threading.Event()
     watcher = None
-    if stop_event is not None:
+    if stop_event is not None or deadline is not None:
         def watch():
             while not done.wait(0.05):
-                if stop_event.is_set():
+                if stop_event is not None and stop_event.is_set():
+                    driver.stop()
+                    return
+                if deadline is not None and clock() >= deadline:
+                    late.set()
                     driver.stop()
                     return
         watcher = threading.Thread(target=watch, name="layout_watcher", daemon=True)
         watcher.start()
     try:
         driver.start()
-        driver.get_training_exps()       # every graph traced once a batch came
+        try:
+            driver.get_training_exps()       # every graph traced once a batch came
+        except DriverStoppedError:
+            if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+                return None
+            raise
         start, steps = clock(), driver.get_perf_stats()["env_steps"]
-        while clock() - start < seconds:
+        end = start + seconds if deadline is None else min(start + seconds, deadline - 0.1)
+        while clock() < end:
             driver.get_training_exps()
         return (driver.get_perf_stats()["env_steps"] - steps) / max(clock() - start, 1e-9)
     finally:
@@ -469,8 +494,9 @@ def choose_layout(env_constructor, policy, num_environments,
         num_environments: environment rows in total (num_envs x env_batch_size).
         process_env_constructor: the same for environments in child
             processes; None: in process only.
-        budget_secs: seconds to spend at most, profiling included (one
-            candidate's start-up and stop may run past it).
+        budget_secs: seconds to spend at most, profiling included (the
+            first candidate is measured whatever it takes, and stopping the
+            last may run past it).
         seconds_per_candidate: how long each candidate is counted.
         unroll_length: steps per unroll, as the run will have it.
         batch_rows: if set, only layouts whose env_batch_size divides it (the
@@ -510,17 +536,23 @@ def choose_layout(env_constructor, policy, num_environments,
     if measure is None:
         def measure(layout, seconds):
             make = process_env_constructor if layout.processes else env_constructor
-            return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock)
-    rates, longest = [], 0.0
+            # After the first candidate, the budget is a deadline (measure_rate's).
+            return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock,
+                                deadline=start + budget_secs if rates else None)
+    rates, longest = [], {}   # {processes: the longest a candidate there took}
     for layout in ranked:
         if stop_event is not None and stop_event.is_set():
             raise DriverStoppedError("measuring layouts was stopped")
-        elapsed = clock() - start
-        if rates and elapsed + longest > budget_secs:
-            break
+        # The first of a place (child processes start slower) is expected
+        # to take as long as the longest yet.
+        expected = longest.get(layout.processes, max(longest.values(), default=0.0))
+        if rates and clock() - start + expected > budget_secs:
+            continue
         began = clock()
         rate = measure(layout, seconds_per_candidate)
-        longest = max(longest, clock() - began)
+        longest[layout.processes] = max(longest.get(layout.processes, 0.0), clock() - began)
+        if rate is None:     # the deadline came first
+            break
         rates.append((layout, rate))
         if print_fn is not None:
             print_fn(f"[alf_async] layout {format_layout(layout)}: {rate:,.0f} env steps/s")
