@@ -122,12 +122,15 @@ def test_a_candidate_still_starting_at_the_deadline_is_stopped_and_not_counted()
     assert rate is None
     assert time.monotonic() - start < 1.0 + 1.0
     assert not driver_threads()
-    # Counting that began before the deadline ends at it.
-    make = _make(env_cls=BlockingCountingEnv, latency=0.01)
+    # Counting that began before the deadline ends at it, most often while
+    # a batch is on its way (one every 0.5 s: 2 rows stepped at once, one
+    # step per unroll); the rate is that of the batches counted.
+    make = _make(env_cls=BlockingCountingEnv, latency=0.5)
     start = time.monotonic()
     rate = layout_lib.measure_rate(make, _policy(), Layout(1, 2, 1, 1, False), seconds=30.0,
-                                   deadline=time.monotonic() + 2.0)
-    assert rate > 0 and time.monotonic() - start < 2.0 + 1.0
+                                   unroll_length=1, deadline=time.monotonic() + 6.0)
+    assert 3.0 < rate < 5.0       # 2 env steps per 0.5 s
+    assert time.monotonic() - start < 6.0 + 1.0
     assert not driver_threads()
 
 

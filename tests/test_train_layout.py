@@ -17,6 +17,7 @@ import pytest
 
 from alf_async import trainer
 from alf_async.driver.layout import parse_layout
+from conftest import signal_when_ready  # noqa: E402
 from test_subprocess_env import _process_table  # noqa: E402  (tests/ is on sys.path)
 from test_trainer import SMOKE_GIN  # noqa: E402
 
@@ -134,20 +135,15 @@ def test_sigint_while_measuring_exits_0_and_leaves_no_process_behind(tmp_path):
          "--gin_file", SMOKE_GIN, "--gin_param", "train.layout = 'auto'",
          "--gin_param", "train.layout_budget_secs = 60.0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    try:
-        for line in proc.stdout:
-            if line.startswith("[alf_async] train.layout = 'auto': measuring layouts"):
-                break
+
+    def after_four_seconds():
         time.sleep(4.0)
-        below = _pids_below(proc.pid)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=20)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        return _pids_below(proc.pid)
+
+    output, elapsed, below = signal_when_ready(
+        proc, lambda line: line.startswith(
+            "[alf_async] train.layout = 'auto': measuring layouts"),
+        before_signal=after_four_seconds)
     assert proc.returncode == 0, output[-3000:]
     assert elapsed < 10
     assert "[alf_async] stopped (stop_event) while measuring layouts; nothing was run" in output

@@ -430,7 +430,8 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
             and nothing is counted. None: no deadline.
 
     Returns:
-        env steps per second, or None if `deadline` came before the first batch.
+        env steps per second up to the last batch counted, or None if
+        `deadline` came before a batch was counted.
 
     Raises:
         DriverStoppedError: `stop_event` was set.
@@ -464,9 +465,18 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
             raise
         start, steps = clock(), driver.get_perf_stats()["env_steps"]
         end = start + seconds if deadline is None else min(start + seconds, deadline - 0.1)
+        counted = (start, steps)      # (time, env steps) at the last batch
         while clock() < end:
-            driver.get_training_exps()
-        return (driver.get_perf_stats()["env_steps"] - steps) / max(clock() - start, 1e-9)
+            try:
+                driver.get_training_exps()
+            except DriverStoppedError:
+                if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+                    break             # the deadline came while a batch was on its way
+                raise
+            counted = (clock(), driver.get_perf_stats()["env_steps"])
+        if counted[0] <= start:
+            return None
+        return (counted[1] - steps) / (counted[0] - start)
     finally:
         done.set()
         if watcher is not None:
