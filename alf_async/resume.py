@@ -14,7 +14,7 @@ What `train()` does with each kind of setting when it resumes:
   optimizer's state (its step count and moments), then set back to the
   config's values (`apply_config`), and each one that changed is printed.
   The saved operative config therefore always states what runs.
-- Settings that shape the checkpoint (`LAYOUT_BINDINGS`: network sizes, the
+- Settings that shape the checkpoint (`CHECKPOINT_SHAPING_BINDINGS`: network sizes, the
   environment, `num_envs * env_batch_size` replay rows, replay capacity)
   cannot change: the restore fails and `incompatible_message` says which
   bindings differ from the run's last operative config; a new `--root_dir`
@@ -24,17 +24,20 @@ What `train()` does with each kind of setting when it resumes:
   `stop_at_eval_return`; a higher `stop_at_eval_return` trains on).
 """
 
+import ast
 import collections
 import glob
 import os
 import re
 
+import gin
 import tensorflow as tf
 
 from alf_async.learning import agents
+from alf_async.learning.learner import Hook
 
 # Bindings whose values shape the checkpoint's variables.
-LAYOUT_BINDINGS = (
+CHECKPOINT_SHAPING_BINDINGS = (
     "train.suite", "train.env_name", "train.agent_fn", "train.replayer_fn", "train.num_envs",
     "train.env_batch_size", "UniformReplayer.capacity_per_row",
     "PixelReplayer.capacity_per_row", "dqn_agent.agent_class", "dqn_agent.fc_layer_params",
@@ -121,7 +124,7 @@ def incompatible_message(root_dir, error, operative_config):
     differences = []
     if previous is not None:
         old, new = _bindings(previous), _bindings(operative_config)
-        for name in LAYOUT_BINDINGS:
+        for name in CHECKPOINT_SHAPING_BINDINGS:
             if name in old and name in new and old[name] != new[name]:
                 differences.append(f"{name} was {old[name]}, this config says {new[name]}")
     if not differences:
@@ -129,6 +132,62 @@ def incompatible_message(root_dir, error, operative_config):
         differences.append("TensorFlow: " + (lines[0] if lines else type(error).__name__))
     return (f"--root_dir {root_dir} holds a checkpoint this config cannot resume ("
             f"{'; '.join(differences)}): a new --root_dir starts fresh")
+
+
+class OperativeConfigHook(Hook):
+    """Saves gin's operative config in `root_dir` once training started
+    (then every configurable has been called) or, at the latest, at the end.
+
+    Args:
+        root_dir: the run directory.
+        layout: the layout `train.layout = 'auto'` chose (as
+            `layout.format_layout` names it), written in the config in place of
+            'auto' so that the config states what ran and a resumed run
+            reuses it (`saved_layout`); None: the config as gin has it.
+    """
+
+    def __init__(self, root_dir, layout=None):
+        self._root_dir = root_dir
+        self._layout = layout
+        self._written = False
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if learner.training and not self._written:
+            self._write(learner)
+
+    def end(self, learner, stopped_by):
+        if not self._written:
+            self._write(learner)
+
+    def _write(self, learner):
+        text = gin.operative_config_str()
+        if self._layout is not None:
+            binding = (f"# chosen by train.layout 'auto', measuring when the run started:\n"
+                       f"train.layout = {self._layout!r}")
+            text, found = re.subn(r"^train\.layout = ['\"]auto['\"]$", binding, text,
+                                  flags=re.MULTILINE)
+            if not found:   # 'auto' passed to train() in Python, not bound in gin
+                text = text.rstrip("\n") + "\n\n" + binding + "\n"
+        path = os.path.join(self._root_dir, f"operative_config-{learner.train_step}.gin")
+        tf.io.gfile.makedirs(self._root_dir)
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(text)
+        self._written = True
+
+
+def saved_layout(root_dir):
+    """The layout `train.layout` names in `root_dir`'s latest operative
+    config when it names one (what `train.layout = 'auto'` chose when the
+    run started), else None."""
+    text = _latest_operative_config(root_dir)
+    value = None if text is None else _bindings(text).get("train.layout")
+    if value is None:
+        return None
+    try:
+        value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, str) and value != "auto" else None
 
 
 def _latest_operative_config(root_dir):

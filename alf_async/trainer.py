@@ -37,8 +37,8 @@ Threads: `train()` runs on the caller's thread, which becomes the learner's
 """
 
 import collections
+import functools
 import os
-import threading
 
 import gin
 import tensorflow as tf
@@ -50,12 +50,13 @@ from alf_async.learning import agents  # registers dqn_agent, sac_agent, ppo_age
 from alf_async.learning import pixel_replayer, policy_lag, replayers  # pixel_replayer: @PixelReplayer
 from alf_async import resume
 from alf_async.serving import job
-from alf_async.driver import AsyncOffPolicyDriver
+from alf_async.driver import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.driver import layout as layout_lib
 from alf_async.environments import suites
 from alf_async.learning.evaluation import Evaluator
-from alf_async.learning.learner import Hook, Learner, LearnerCounters
+from alf_async.learning.learner import Learner, LearnerCounters
 from alf_async.learning.hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
-                                     SummaryHook)
+                                     StopWaker, SummaryHook)
 from alf_async.learning.random_start import RandomStartPolicy
 
 TrainResult = collections.namedtuple("TrainResult", [
@@ -111,7 +112,7 @@ def _check_args(**args):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
                                   value < 1):
             raise ConfigError(f"train.{name} must be None or an int >= 1, got {value!r}")
-    for name in ("log_interval_secs",):
+    for name in ("log_interval_secs", "layout_budget_secs"):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
@@ -129,6 +130,15 @@ def _check_args(**args):
     value = args["num_collectors"]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"train.num_collectors must be an int >= 0, got {value!r}")
+    value = args["layout"]
+    if value not in (None, "auto"):
+        try:
+            layout_lib.parse_layout(value)
+        except ValueError as e:
+            raise ConfigError(f"train.layout must be None, 'auto' or a layout: {e}") from None
+    if value is not None and args["num_collectors"]:
+        raise ConfigError("train.layout arranges this process's environments; with "
+                          "train.num_collectors > 0 the collectors step them: leave it None")
     if args["collector_launcher"] not in ("local", "ray", "none"):
         raise ConfigError(f"train.collector_launcher must be 'local', 'ray' or 'none', got "
                           f"{args['collector_launcher']!r}")
@@ -169,6 +179,8 @@ def train(root_dir,
           env_batch_size=1,
           num_actor_queues=1,
           actor_queue_cap=1,
+          layout=None,
+          layout_budget_secs=20.0,
           unroll_length=8,
           learn_queue_cap=1,
           num_iterations=None,
@@ -215,6 +227,19 @@ def train(root_dir,
         num_actor_queues: actor threads.
         actor_queue_cap: at most this many env threads' requests per batched
             forward pass (an actor takes what is waiting, up to the cap).
+        layout: None: the four settings above as bound. 'auto': this run's
+            environments and collect policy are measured for up to 20 s at
+            its start in candidate layouts of the same num_envs x
+            env_batch_size rows (`alf_async.driver.layout.choose_layout`,
+            child processes among them for suite_gym, suite_gymnasium and
+            suite_atari with the default `make_env_constructor`); the fastest
+            runs, one line names it with the runner-up's rate, the operative
+            config binds train.layout to it, and a resumed run reuses it
+            without measuring. Or a layout as that line names it ('2x8, 1
+            actor queue (cap 2), in process'), run as given. A learner batch
+            keeps its learn_queue_cap x env_batch_size rows: learn_queue_cap
+            follows the layout's env_batch_size.
+        layout_budget_secs: seconds `layout = 'auto'` measures for at most.
         unroll_length: steps per unroll.
         learn_queue_cap: unrolls per learner batch; one iteration brings
             learn_queue_cap * env_batch_size * unroll_length env steps.
@@ -290,14 +315,21 @@ def train(root_dir,
                        unroll_length, learn_queue_cap, num_eval_episodes, seed,
                        random_initial_collect, num_collectors, collector_launcher,
                        train_steps_per_iteration * sample_batch_size, print_fn,
-                       eval_env_kwargs, train_steps_per_iteration, initial_collect_steps)
+                       eval_env_kwargs, train_steps_per_iteration, initial_collect_steps,
+                       layout, layout_budget_secs, stop_event)
     except ConfigError:
         raise
+    except DriverStoppedError:
+        if stop_event is None or not stop_event.is_set():
+            raise
+        # Stopped while measuring layouts: nothing was trained or written.
+        print_fn("[alf_async] stopped (stop_event) while measuring layouts; nothing was run")
+        return TrainResult(0, 0, 0, "stop_event", [], None)
     except (ValueError, TypeError) as e:
         # Nothing has started yet: a bad name, spec or queue configuration.
         raise ConfigError(one_line(e)) from e
     agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved, \
-        changed = built
+        changed, chosen = built
     distributed = env_constructor if num_collectors else None
     try:
         if hasattr(replayer, "check_schedule") and not distributed:  # Reverb, in one process
@@ -318,7 +350,9 @@ def train(root_dir,
             stop_at_return=stop_at_eval_return, print_fn=print_fn, solved=solved,
             policy_name="greedy policy" if eval_epsilon is None else
             f"epsilon-greedy policy ({eval_epsilon:g})") if num_eval_episodes else None
-        hooks = [OperativeConfigHook(root_dir), SummaryHook(summary_interval), evaluation,
+        hooks = [resume.OperativeConfigHook(root_dir,
+                                            layout=chosen if layout == "auto" else None),
+                 SummaryHook(summary_interval), evaluation,
                  CheckpointHook(checkpointer, checkpoint_interval,
                                 replay=replayer if hasattr(replayer, "checkpoint") else None),
                  ProgressHook(print_fn, log_interval_secs)]
@@ -326,7 +360,7 @@ def train(root_dir,
             hooks.append(job.ServingAnnouncement(env_constructor, root_dir, print_fn))
         if distributed:
             hooks.extend(distributed.hooks)
-        waker = _StopWaker(stop_event) if stop_event is not None else None
+        waker = StopWaker(stop_event) if stop_event is not None else None
         hooks.append(waker)   # the last: begins once every other hook has
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
@@ -372,12 +406,14 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
            env_batch_size, num_actor_queues, actor_queue_cap, unroll_length, learn_queue_cap,
            num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
            collector_launcher="local", samples_per_iteration=None, print_fn=None,
-           eval_env_kwargs=None, train_steps_per_iteration=1, initial_collect_steps=0):
+           eval_env_kwargs=None, train_steps_per_iteration=1, initial_collect_steps=0,
+           layout=None, layout_budget_secs=20.0, stop_event=None):
     """Environments, agent, replayer, driver (not started), the restored
-    checkpoint, and the hyperparameters whose config value replaced the
-    checkpoint's (see alf_async.resume). With `num_collectors` the driver is
-    a `learner_role.ReplayFeed` and the env constructor's place holds
-    the learner role's pieces (`learner_role.Built`)."""
+    checkpoint, the hyperparameters whose config value replaced the
+    checkpoint's (see alf_async.resume), and the layout `layout` gave (its
+    name; None without one). With `num_collectors` the driver is a
+    `learner_role.ReplayFeed` and the env constructor's place holds the
+    learner role's pieces (`learner_role.Built`)."""
     if seed is not None:
         tf.random.set_seed(seed)
     # The specs come from the evaluation environment.
@@ -386,6 +422,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
                            seed=eval_seed, **(eval_env_kwargs or {}))
     replayer = None
     env_constructor = None
+    chosen = None
     try:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
@@ -401,6 +438,20 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
                 unroll_length=unroll_length, batch_rows=learn_queue_cap * env_batch_size)
             replayer, driver = env_constructor.replayer, env_constructor.feed
         else:
+            if layout is not None:
+                run_layout = _run_layout(
+                    root_dir, layout, suite, env_name, seed, make_env_constructor,
+                    agent.collect_policy, num_envs * env_batch_size,
+                    learn_queue_cap * env_batch_size, unroll_length, layout_budget_secs,
+                    stop_event, print_fn)
+                chosen = layout_lib.format_layout(run_layout)
+                learn_queue_cap = learn_queue_cap * env_batch_size // run_layout.env_batch_size
+                num_envs, env_batch_size, num_actor_queues, actor_queue_cap = run_layout[:4]
+                if run_layout.processes:
+                    make_env_constructor = suites.make_subprocess_env_constructor
+                if run_layout.recv_batch_size is not None:
+                    make_env_constructor = functools.partial(
+                        make_env_constructor, recv_batch_size=run_layout.recv_batch_size)
             replayer, driver, env_constructor = _build_collection(
                 root_dir, env_name, agent, suite, make_env_constructor, replayer_fn, num_envs,
                 env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
@@ -430,7 +481,42 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         _close(replayer)
         raise
     return (agent, driver, replayer, eval_env, env_constructor, checkpointer, counters, solved,
-            changed)
+            changed, chosen)
+
+
+def _run_layout(root_dir, layout, suite, env_name, seed, make_env_constructor, policy, rows,
+                batch_rows, unroll_length, budget_secs, stop_event, print_fn):
+    """The `layout_lib.Layout` this run runs (see `train`'s `layout`): the one
+    given, the one 'auto' chose when root_dir's run started, or the fastest
+    measured now.
+
+    Raises:
+        ValueError: a layout that does not fit this run (`layout_lib.check_layout`).
+        DriverStoppedError: `stop_event` was set while measuring.
+    """
+    processes = (make_env_constructor is suites.make_env_constructor and
+                 suite in suites.SINGLE_ENV_SUITES)
+    saved = resume.saved_layout(root_dir) if layout == "auto" else None
+    if saved is not None:
+        print_fn(f"[alf_async] layout {saved}: chosen when this run started "
+                 f"(train.layout = 'auto'), not measured again")
+    if layout != "auto" or saved is not None:
+        run_layout = layout_lib.parse_layout(saved or layout)
+    else:
+        print_fn(f"[alf_async] train.layout = 'auto': measuring layouts of {rows} environments "
+                 f"for up to {budget_secs:g} s")
+        in_process = suites.sized_env_constructor(make_env_constructor, suite, env_name, seed)
+        in_children = suites.sized_env_constructor(suites.make_subprocess_env_constructor,
+                                                   suite, env_name, seed)
+        choice = layout_lib.choose_layout(
+            in_process, policy, rows,
+            process_env_constructor=in_children if processes else None,
+            budget_secs=budget_secs, unroll_length=unroll_length, batch_rows=batch_rows,
+            stop_event=stop_event)
+        print_fn(f"[alf_async] {layout_lib.describe_choice(choice)} (train.layout = 'auto')")
+        run_layout = choice.layout
+    layout_lib.check_layout(run_layout, rows, batch_rows, processes)
+    return run_layout
 
 
 def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, replayer_fn,
@@ -505,46 +591,6 @@ def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_in
                           f"train.initial_collect_steps must be 0, got {initial_collect_steps}")
 
 
-class _StopWaker(Hook):
-    """Calls `learner.stop()` once `stop_event` is set: the event alone ends the
-    loop only at the end of an iteration, and a learner waiting for
-    experience that never comes (a serving job without clients) would wait
-    for ever.
-
-    Threads: `begin` (the learner's thread, after every other hook began:
-    this one is the last) starts a daemon thread that polls the event every
-    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
-    end and join it.
-    """
-
-    def __init__(self, stop_event):
-        self._stop_event = stop_event
-        self._closed = threading.Event()
-        self._thread = None
-
-    def begin(self, learner):
-        self._thread = threading.Thread(target=self._run, args=(learner,), name="stop_waker",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, learner):
-        while not self._closed.wait(0.1):
-            if self._stop_event.is_set():
-                try:
-                    learner.stop()
-                except Exception:  # pylint: disable=broad-except  (learner.run raises it)
-                    pass
-                return
-
-    def end(self, learner, stopped_by):
-        self.close()
-
-    def close(self):
-        self._closed.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
 def _close_envs(eval_env, env_constructor):
     """Closes the evaluation environment, and a serving job's server (after the
     driver stopped; a server whose driver never started is only bound) or
@@ -553,27 +599,3 @@ def _close_envs(eval_env, env_constructor):
     if isinstance(env_constructor, job.ServingEnvConstructor) or \
             getattr(env_constructor, "is_learner_role", False):
         env_constructor.close()
-
-
-class OperativeConfigHook(Hook):
-    """Saves gin's operative config in `root_dir` once training started
-    (then every configurable has been called) or, at the latest, at the end."""
-
-    def __init__(self, root_dir):
-        self._root_dir = root_dir
-        self._written = False
-
-    def after_iteration(self, learner, train_step_before, train_step):
-        if learner.training and not self._written:
-            self._write(learner)
-
-    def end(self, learner, stopped_by):
-        if not self._written:
-            self._write(learner)
-
-    def _write(self, learner):
-        path = os.path.join(self._root_dir, f"operative_config-{learner.train_step}.gin")
-        tf.io.gfile.makedirs(self._root_dir)
-        with tf.io.gfile.GFile(path, "w") as f:
-            f.write(gin.operative_config_str())
-        self._written = True

@@ -4,10 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
+
+from conftest import signal_when_ready  # tests/ is on sys.path
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 SMOKE_GIN = os.path.join(REPO, "gin_configs", "smoke.gin")
@@ -64,20 +65,10 @@ def test_signal_stops_writes_a_checkpoint_and_exits_0(tmp_path, sig):
                              "--gin_param", "train.num_iterations = 1000000",
                              "--gin_param", "train.log_interval_secs = 0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:  # wait until the learner trains
-            if "[alf_async] iteration" in line and "loss -" not in line:
-                break
-            assert time.monotonic() < deadline, "no training progress within 60 s"
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=10)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # Once the learner trains (a progress line with a loss).
+    output, elapsed, _ = signal_when_ready(
+        proc, lambda line: "[alf_async] iteration" in line and "loss -" not in line, sig=sig,
+        ready_secs=60, exit_secs=10)
     assert proc.returncode == 0, output[-3000:]
     assert elapsed < 10
     assert "stopped (stop_event)" in output

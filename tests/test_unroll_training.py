@@ -5,15 +5,14 @@ PPO run stops on SIGINT with a checkpoint that a rerun resumes."""
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
 
 from cli_runs import GIN_CONFIGS, REPO, run_train_cli  # tests/ is on sys.path
+from conftest import signal_when_ready  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,20 +82,9 @@ def _start(root_dir, *params):
 def test_sigint_stops_a_ppo_run_within_5_s_and_a_rerun_resumes_it(tmp_path):
     proc = _start(tmp_path, "train.stop_at_eval_return = None", "train.num_eval_episodes = 0",
                   "train.log_interval_secs = 0.5")
-    try:
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:   # wait until the learner has trained
-            if "[alf_async] iteration" in line and "policy lag" in line:
-                break
-            assert time.monotonic() < deadline, "no training progress within 90 s"
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=20)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # Once the learner has trained (a progress line with the policy lag).
+    output, elapsed, _ = signal_when_ready(
+        proc, lambda line: "[alf_async] iteration" in line and "policy lag" in line)
     assert proc.returncode == 0, output[-3000:]
     assert elapsed < 5.0
     stopped = re.search(r"stopped \(stop_event\) at iteration (\d+), train step (\d+)", output)

@@ -8,6 +8,8 @@ whole batches of unrolls from the learn queue.
 - `queues.py`: `NestFIFOQueue` (with `dequeue_all`) and `TFQueues`.
 - `env_rows.py`: rows of a batched environment stepped one by one;
   `applied_steps.py`: the action an environment reports it applied.
+- `layout.py`: `choose_layout`, the layout (env threads, rows, actors,
+  processes) measured fastest for the user's environments and policy.
 - `metrics.py`: step metrics safe to update from the log thread while the
   learner reads them; `health.py`: the driver's health as summaries.
 
@@ -19,6 +21,8 @@ from alf_async._lazy import lazy_exports
 _EXPORTS = {
     "AsyncOffPolicyDriver": "async_driver",
     "DriverStoppedError": "async_driver",
+    "Layout": "layout",
+    "choose_layout": "layout",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -96,7 +96,8 @@ def _load_envpool(env_name, batch_size, seed, **kwargs):
 register_suite("suite_envpool", _load_envpool)
 
 
-_SINGLE_ENV_SUITES = ("suite_gym", "suite_gymnasium", "suite_atari")
+# The suites whose environments can run one per child process or Ray actor.
+SINGLE_ENV_SUITES = ("suite_gym", "suite_gymnasium", "suite_atari")
 
 
 def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwargs=None):
@@ -129,7 +130,7 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwar
         env = suite_atari.make_env(env_name, **(env_kwargs or {}))
     else:
         raise ValueError(f"make_single_env: suite {suite!r} is not one of "
-                         f"{list(_SINGLE_ENV_SUITES)}")
+                         f"{list(SINGLE_ENV_SUITES)}")
     return as_py_environment(env, seed=seed)
 
 
@@ -155,9 +156,9 @@ def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
     @make_subprocess_env_constructor`; `make_subprocess_env_constructor.step_timeout`,
     `.max_restarts`, ... go to SubprocessEnv; `env_kwargs` to suite_atari.
     """
-    if suite not in _SINGLE_ENV_SUITES:
+    if suite not in SINGLE_ENV_SUITES:
         raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not one of "
-                         f"{list(_SINGLE_ENV_SUITES)}")
+                         f"{list(SINGLE_ENV_SUITES)}")
     env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
     from alf_async.environments.subprocess_batched import subprocess_env_constructor
     return subprocess_env_constructor(
@@ -178,9 +179,9 @@ def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
     `.num_cpus`, `.actor_options`, ... go to `ray_env_constructor`; `env_kwargs`
     to suite_atari.
     """
-    if suite not in _SINGLE_ENV_SUITES:
+    if suite not in SINGLE_ENV_SUITES:
         raise ValueError(f"make_ray_env_constructor: suite {suite!r} is not one of "
-                         f"{list(_SINGLE_ENV_SUITES)}")
+                         f"{list(SINGLE_ENV_SUITES)}")
     if batch_size % actors_per_env:
         raise ValueError(f"make_ray_env_constructor: batch_size {batch_size} is not a "
                          f"multiple of actors_per_env {actors_per_env}")
@@ -248,3 +249,33 @@ def make_env_constructor(suite, env_name, batch_size=1, seed=None, **kwargs):
     if suite not in _SUITES:  # fail before any thread starts
         raise ValueError(f"unknown environment suite {suite!r}; known: {suite_names()}")
     return SuiteEnvConstructor(suite, env_name, batch_size=batch_size, seed=seed, **kwargs)
+
+
+def sized_env_constructor(make_env_constructor, suite, env_name, seed=None):
+    """`choose_layout`'s env_constructor: callable(batch_size, **kwargs) ->
+    an environment of `suite`'s `env_name` with that many rows.
+
+    It calls one driver env_constructor per batch size and kwargs, so that
+    every environment it makes has its own seeds; any thread may call it.
+
+    Args:
+        make_env_constructor: `make_env_constructor`,
+            `make_subprocess_env_constructor` or one with their signature.
+        suite: as theirs.
+        env_name: as theirs.
+        seed: as theirs.
+
+    Returns:
+        The callable.
+    """
+    constructors, lock = {}, threading.Lock()
+
+    def env_constructor(batch_size, **kwargs):
+        key = (batch_size, tuple(sorted(kwargs.items())))
+        with lock:
+            if key not in constructors:
+                constructors[key] = make_env_constructor(suite, env_name, batch_size=batch_size,
+                                                         seed=seed, **kwargs)
+            constructor = constructors[key]
+        return constructor()
+    return env_constructor

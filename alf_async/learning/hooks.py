@@ -15,11 +15,14 @@
   train steps and at the end.
 - `ProgressHook(print_fn, interval_secs)`: a progress line every
   `interval_secs` seconds and at the end.
+- `StopWaker(stop_event)`: stops a learner that waits for experience once
+  `stop_event` is set.
 
 Threads: every method runs on the learner's thread; `evaluations` and
 `solved_secs` may be read once `run()` returned.
 """
 
+import threading
 import time
 
 import tensorflow as tf
@@ -213,3 +216,43 @@ class ProgressHook(Hook):
             f" | collect policy AverageReturn {average_return:.1f} | loss {loss}" +
             ("" if lag is None else f" | policy lag {lag[0]:.1f}"))
         self._last = (now, env_steps, step)
+
+
+class StopWaker(Hook):
+    """Calls `learner.stop()` once `stop_event` is set: the event alone ends the
+    loop only at the end of an iteration, and a learner waiting for
+    experience that never comes (a serving job without clients) would wait
+    for ever.
+
+    Threads: `begin` (the learner's thread, after every other hook began:
+    this one is the last) starts a daemon thread that polls the event every
+    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
+    end and join it.
+    """
+
+    def __init__(self, stop_event):
+        self._stop_event = stop_event
+        self._closed = threading.Event()
+        self._thread = None
+
+    def begin(self, learner):
+        self._thread = threading.Thread(target=self._run, args=(learner,), name="stop_waker",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, learner):
+        while not self._closed.wait(0.1):
+            if self._stop_event.is_set():
+                try:
+                    learner.stop()
+                except Exception:  # pylint: disable=broad-except  (learner.run raises it)
+                    pass
+                return
+
+    def end(self, learner, stopped_by):
+        self.close()
+
+    def close(self):
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,4 +1,4 @@
-"""The package layout is the architecture: imports run one way, top to bottom.
+"""The package layers are the architecture: imports run one way, top to bottom.
 
 Every `import` in alf_async (module level or inside a function) is read with
 `ast`, without importing anything, and checked against the layers:

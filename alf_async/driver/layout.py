@@ -1,0 +1,570 @@
+"""Choosing the driver's layout by measuring the user's own environments and
+policy, as FFTW's measured plans, cuDNN's autotuner and `tf.data.AUTOTUNE`
+do, instead of guessing.
+
+    choice = choose_layout(env_constructor, policy, num_environments=16)
+    choice.layout      # Layout(num_envs=2, env_batch_size=8, num_actor_queues=1,
+                       #        actor_queue_cap=2, processes=False)
+    choice.rates       # [(Layout, env steps/s)], every candidate measured, fastest first
+
+A layout splits `num_environments` environment rows into `num_envs` env
+threads of `env_batch_size` rows, served by `num_actor_queues` actor threads
+taking up to `actor_queue_cap` env threads' requests per forward pass, with
+the environments in this process or (`processes`) in child processes.
+
+`env_constructor` returns a TFEnvironment. Called as
+`env_constructor(batch_size=B)` (and `recv_batch_size=R` for EnvPool) when
+it takes a `batch_size` argument, it gives environments of any batch size,
+and every split of the rows is a candidate. The driver's own zero-arg
+env_constructor gives environments of one batch size B, and the candidates
+are the layouts of `num_environments / B` env threads of B rows.
+
+How it chooses, within `budget_secs`:
+
+1. **Profile** (`profile`): one environment stepped alone in this thread
+   with random actions: a step's wall time, this thread's CPU time in it
+   (for a Python environment, the GIL is held then), the whole process's
+   (EnvPool's own threads step without the GIL), whether the driver steps
+   its rows one by one (`BlockingStep` or `RowStepping` environments) and
+   whether they come in receives (EnvPool); the policy's batched forward
+   pass timed at batch sizes 1, 2, 4, ... up to `num_environments`.
+2. **Candidates** (`candidates`): every split of the rows into env threads
+   (in process, and in child processes when a constructor for them is
+   given), with one or two actor threads, ranked by a cost model of the
+   profile (`predicted_rate`): Python stepping is serialized by the GIL,
+   each request costs a fixed amount of CPU, inference runs beside it on
+   another core, waits overlap across env threads (and across the rows of
+   a row-stepped thread). The model only orders what to measure; the
+   measurement decides.
+3. **Measure** (`measure_rate`): the best-ranked candidates, each as a real
+   `AsyncOffPolicyDriver` on the user's constructor and policy whose
+   learner only dequeues, for a few seconds after its first batch (its
+   graphs traced); env steps per second from the driver's counters. A
+   candidate is measured only if it is expected to fit what is left of the
+   budget (as long as the longest yet in its place, in process or in child
+   processes); after the first, the budget's end is a deadline: a candidate
+   still starting then is stopped and not counted.
+
+Threads: `choose_layout` runs on the caller's thread and starts, for each
+candidate, a driver and a watcher thread that stops it when `stop_event` is
+set or the deadline comes; both are stopped before it returns or raises.
+It blocks for about `budget_secs` at most (plus the first candidate's
+start-up if that alone is longer, and the stopping of the last).
+"""
+
+import collections
+import functools
+import inspect
+import itertools
+import os
+import re
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+from tf_agents.specs import array_spec, tensor_spec
+
+from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedError
+from alf_async.driver.env_thread import blocks
+from alf_async.environments import capabilities
+
+Layout = collections.namedtuple(
+    "Layout", ["num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
+               "processes", "recv_batch_size"], defaults=(False, None))
+Layout.__doc__ = """Where the driver's environment rows run and who serves them.
+
+num_envs: env threads; env_batch_size: rows in each one's environment;
+num_actor_queues: actor threads; actor_queue_cap: env threads' requests per
+forward pass at most; processes: environments in child processes;
+recv_batch_size: rows per receive of an EnvPool pool (None: not EnvPool, or
+its default).
+"""
+
+Profile = collections.namedtuple(
+    "Profile", ["step_secs", "step_cpu_secs", "step_gil_secs", "rows_stepped", "receives",
+                "inference_secs", "cores", "fixed_batch_size"], defaults=(None,))
+Profile.__doc__ = """What one environment and the policy cost, measured.
+
+step_secs: wall seconds of one environment step (a row's); step_cpu_secs: the CPU
+seconds the whole process spent on it (an EnvPool pool's own threads
+included); step_gil_secs: the stepping thread's CPU seconds in it (the GIL
+is held then, for a Python environment); rows_stepped: the driver steps the
+rows of a batch of these environments one by one (their waits overlap);
+receives: its rows come in receives of `recv_batch_size` (EnvPool);
+inference_secs: {batch size: seconds of one forward pass of the policy};
+cores: the cores this process may run on; fixed_batch_size: the rows of
+every environment the constructor gives (a zero-arg constructor's), None
+if it gives any batch size.
+"""
+
+LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
+LayoutChoice.__doc__ = """The fastest layout measured.
+
+layout: the `Layout` chosen; rates: [(Layout, env steps/s)] of every
+candidate measured, fastest first; profile: the `Profile` that ranked the
+candidates; secs: seconds spent profiling and measuring.
+"""
+
+# The driver's CPU cost of one env thread's request (its numpy_function,
+# queue round trip, routing) and of each row in it, fitted on the
+# collection benchmarks (docs/performance.md, "Where the time goes"), and a
+# child process's pickling and pipe cost per step (latency_bound.py
+# --processes). They scale the model's terms against each other; the
+# measurement decides.
+REQUEST_SECS = 480e-6
+ROW_SECS = 8e-6
+PROCESS_STEP_SECS = 150e-6
+_ACTIONS = 16    # random actions drawn for profiling, cycled
+
+
+def format_layout(layout):
+    """'2x8, 1 actor queue (cap 2), in process': how logs and configs name it
+    (', receives of 4' for an EnvPool receive size)."""
+    queues = "queue" if layout.num_actor_queues == 1 else "queues"
+    where = "in child processes" if layout.processes else "in process"
+    receives = "" if layout.recv_batch_size is None else (
+        f", receives of {layout.recv_batch_size}")
+    return (f"{layout.num_envs}x{layout.env_batch_size}, {layout.num_actor_queues} actor "
+            f"{queues} (cap {layout.actor_queue_cap}), {where}{receives}")
+
+
+def parse_layout(text):
+    """The `Layout` that `format_layout` named.
+
+    Raises:
+        ValueError: `text` is not a layout `format_layout` writes.
+    """
+    match = re.fullmatch(r"\s*(\d+)x(\d+), (\d+) actor queues? \(cap (\d+)\), "
+                         r"in (process|child processes)(?:, receives of (\d+))?\s*", str(text))
+    if match is None:
+        raise ValueError(f"a layout looks like '2x8, 1 actor queue (cap 2), in process' "
+                         f"(or 'in child processes'; ', receives of 4' for EnvPool), got "
+                         f"{text!r}")
+    envs, rows, queues, cap = (int(g) for g in match.groups()[:4])
+    recv = None if match.group(6) is None else int(match.group(6))
+    return Layout(envs, rows, queues, cap, match.group(5) == "child processes", recv)
+
+
+def check_layout(layout, rows, batch_rows=None, processes=True):
+    """Refuses a `layout` that does not fit a run, with one line.
+
+    Args:
+        layout: the `Layout`.
+        rows: the run's environment rows (num_envs x env_batch_size).
+        batch_rows: the rows of a learner batch, which the layout's env batch
+            size must divide (None: any).
+        processes: whether the run's environments can run in child processes.
+
+    Raises:
+        ValueError: naming what does not fit.
+    """
+    name = format_layout(layout)
+    if layout.num_envs * layout.env_batch_size != rows:
+        raise ValueError(f"train.layout {name!r} has {layout.num_envs * layout.env_batch_size} "
+                         f"environments; train.num_envs x train.env_batch_size = {rows}")
+    if batch_rows is not None and batch_rows % layout.env_batch_size:
+        raise ValueError(f"train.layout {name!r}: its env batch size {layout.env_batch_size} "
+                         f"does not divide the learner batch's {batch_rows} rows "
+                         f"(train.learn_queue_cap x train.env_batch_size)")
+    if layout.num_actor_queues > layout.num_envs:
+        raise ValueError(f"train.layout {name!r}: more actor queues than env threads")
+    if layout.processes and not processes:
+        raise ValueError(f"train.layout {name!r}: child processes need the default "
+                         f"train.make_env_constructor and suite_gym, suite_gymnasium or "
+                         f"suite_atari")
+
+
+def describe_choice(choice):
+    """One line: the layout chosen, its rate, how many were measured in how
+    long, and the next two."""
+    others = "; ".join(f"{format_layout(layout)} {rate:,.0f}/s"
+                       for layout, rate in choice.rates[1:3])
+    return (f"layout {format_layout(choice.layout)}: {choice.rates[0][1]:,.0f} env steps/s, "
+            f"the fastest of {len(choice.rates)} measured in {choice.secs:.1f} s" +
+            (f" (then {others})" if others else ""))
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.monotonic):
+    """Measures one environment's step and the policy's forward pass (see
+    the module docstring). Runs on the caller's thread.
+
+    Args:
+        env_constructor: as `choose_layout`'s (with a fixed batch size B, a
+            B-row environment is stepped and each row costs a B-th).
+        policy: the TFPolicy the driver will act with.
+        num_environments: the largest batch the policy is timed at.
+        seconds: about how long stepping the environment takes.
+        clock: a zero-arg callable returning seconds.
+
+    Returns:
+        A `Profile`.
+    """
+    any_batch = takes_batch_size(env_constructor)
+    env = env_constructor(batch_size=1) if any_batch else env_constructor()
+    try:
+        py_env = capabilities.python_env(env)
+        rows_stepped = blocks(env) or isinstance(py_env, capabilities.RowStepping)
+        receives = getattr(py_env, "recv_batch_size", None) is not None
+        rows = env.batch_size or 1
+        step_secs, step_cpu_secs, step_gil_secs = (
+            secs / rows for secs in _time_steps(env, seconds, clock))
+        time_step = env.reset()
+        if rows > 1:
+            time_step = tf.nest.map_structure(lambda t: t[:1], time_step)
+    finally:
+        env.close()
+    return Profile(step_secs, step_cpu_secs, step_gil_secs, rows_stepped, receives,
+                   _time_inference(policy, time_step, num_environments, clock), cores(),
+                   None if any_batch else rows)
+
+
+def takes_batch_size(env_constructor):
+    """Whether `env_constructor` takes a `batch_size` argument (see the
+    module docstring)."""
+    try:
+        parameters = inspect.signature(env_constructor).parameters.values()
+    except (TypeError, ValueError):   # no signature to read: the driver's zero-arg kind
+        return False
+    return any(p.name == "batch_size" or p.kind == p.VAR_KEYWORD for p in parameters)
+
+
+def _time_steps(env, seconds, clock):
+    """(wall, process CPU, this thread's CPU) seconds per step of all of
+    `env`'s rows, random actions drawn before the clock starts (tf-agents'
+    `sample_spec_nest` costs ~0.5 ms a call, more than a CartPole step)."""
+    py_env = capabilities.python_env(env)
+    if py_env is not None:
+        rng = np.random.RandomState(0)   # tf-agents samples specs with RandomState
+        outer = (py_env.batch_size,) if py_env.batched else ()
+        actions = [array_spec.sample_spec_nest(py_env.action_spec(), rng, outer_dims=outer)
+                   for _ in range(_ACTIONS)]
+        step = py_env.step
+        py_env.reset()
+    else:
+        actions = [tensor_spec.sample_spec_nest(env.action_spec(), outer_dims=(env.batch_size,))
+                   for _ in range(_ACTIONS)]
+        step = env.step
+        env.reset()
+    step(actions[0])                    # a first step may build or warm things
+    steps, start = 0, clock()
+    process_start, thread_start = time.process_time(), time.thread_time()
+    while steps < 5 or (clock() - start < seconds and steps < 100000):
+        step(actions[steps % _ACTIONS])
+        steps += 1
+    wall = clock() - start
+    thread = min(time.thread_time() - thread_start, wall)
+    process = max(time.process_time() - process_start, thread)
+    return wall / steps, process / steps, thread / steps
+
+
+def _batch_sizes(num_environments):
+    sizes, b = [], 1
+    while b < num_environments:
+        sizes.append(b)
+        b *= 2
+    return sizes + [num_environments]
+
+
+def _time_inference(policy, time_step, num_environments, clock):
+    """{batch size: seconds} of `policy.action`, traced once for any batch."""
+    batched = tensor_spec.add_outer_dims_nest(policy.time_step_spec, (None,))
+    state_spec = tensor_spec.add_outer_dims_nest(policy.policy_state_spec, (None,))
+    action = tf.function(policy.action, input_signature=[batched, state_spec],
+                         autograph=False)
+    result = {}
+    for b in _batch_sizes(num_environments):
+        tiled = tf.nest.map_structure(lambda t: tf.repeat(t, b, axis=0), time_step)
+        state = policy.get_initial_state(b)
+        tf.nest.map_structure(lambda t: t.numpy(), action(tiled, state))   # traced, warm
+        times = []
+        for _ in range(3):
+            start = clock()
+            tf.nest.map_structure(lambda t: t.numpy(), action(tiled, state))
+            times.append(clock() - start)
+        result[b] = sorted(times)[1]
+    return result
+
+
+def inference_secs(profile_, batch):
+    """Seconds of one forward pass at `batch`, interpolated between the
+    batch sizes `profile_` timed."""
+    sizes = sorted(profile_.inference_secs)
+    if batch <= sizes[0]:
+        return profile_.inference_secs[sizes[0]]
+    for low, high in zip(sizes, sizes[1:]):
+        if batch <= high:
+            f_low, f_high = profile_.inference_secs[low], profile_.inference_secs[high]
+            return f_low + (f_high - f_low) * (batch - low) / (high - low)
+    return profile_.inference_secs[sizes[-1]] * batch / sizes[-1]
+
+
+def predicted_rate(profile_, layout):
+    """Env steps per second the cost model expects of `layout` (it ranks
+    the candidates to measure; it is not a measurement).
+
+    Each env thread repeats a round: step its B rows (one after another, or
+    all at once where rows are stepped one by one or live in child
+    processes), send its request (one per receive for EnvPool), wait for the
+    forward pass of the requests waiting with it. The Python side of
+    stepping (the stepping thread's CPU in process, the pipes with
+    processes, the driver's per-request and per-row costs) holds the GIL,
+    so the env threads' Python work adds up on one core; the rest of a
+    step's CPU (EnvPool's threads, the children) and the forward passes run
+    on the other cores.
+    """
+    B, E = layout.env_batch_size, layout.num_envs
+    wait = max(profile_.step_secs - profile_.step_cpu_secs, 0.0)
+    request_rows = layout.recv_batch_size or B
+    batch = min(layout.actor_queue_cap * request_rows, E * B)
+    forward = inference_secs(profile_, batch)
+    if layout.processes:
+        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B     # GIL, per step
+        elsewhere = profile_.step_cpu_secs                          # in the children
+        env_time = profile_.step_cpu_secs + wait + B * python
+    else:
+        python = profile_.step_gil_secs + ROW_SECS + REQUEST_SECS / request_rows
+        elsewhere = profile_.step_cpu_secs - profile_.step_gil_secs
+        if profile_.rows_stepped:
+            env_time = wait + elsewhere * B / request_rows + B * python
+        else:
+            env_time = B * (python + elsewhere + wait)
+    round_secs = env_time + forward
+    limits = [
+        E * B / round_secs,                                               # the rounds
+        1.0 / python,                                                     # the GIL
+        profile_.cores / (python + elsewhere + forward / batch),          # all the cores
+        layout.num_actor_queues * batch / forward,                        # the actors
+    ]
+    return min(limits)
+
+
+def candidates(profile_, num_environments, processes=False, max_threads=None, batch_rows=None):
+    """Every layout of `num_environments` rows worth considering, best
+    predicted first: each split into env threads (at most `max_threads`,
+    default 4 per core; with `batch_rows`, only splits whose env batch size
+    divides it; with the profile's `fixed_batch_size`, only splits into env
+    batches of that size, however many threads) with one actor thread taking every waiting request, and,
+    with two env threads or more on two cores or more, two actor threads;
+    in child processes too when `processes`; for EnvPool, in process only,
+    with receives of the whole pool, half and a quarter of it.
+
+    Returns:
+        [Layout]: the best predicted (`predicted_rate`) of each number of
+            env threads and place, best first, in process and in child
+            processes in turn, then the others, best first.
+    """
+    max_threads = max_threads or 4 * profile_.cores
+    fixed = profile_.fixed_batch_size
+    layouts = []
+    for num_envs in range(1, num_environments + 1):
+        if num_environments % num_envs:
+            continue
+        rows = num_environments // num_envs
+        if (batch_rows is not None and batch_rows % rows) or (
+                rows != fixed if fixed else num_envs > max_threads):
+            continue
+        for queues in (1, 2):
+            if queues > num_envs or (queues > 1 and profile_.cores < 2):
+                continue
+            cap = -(-num_envs // queues)
+            if profile_.receives:   # EnvPool: smaller receives, sooner actions
+                layouts += [Layout(num_envs, rows, queues, cap, False, recv)
+                            for recv in sorted({rows, max(1, rows // 2), max(1, rows // 4)})]
+                continue
+            for where in ((False, True) if processes else (False,)):
+                layouts.append(Layout(num_envs, rows, queues, cap, where))
+    ranked = sorted(layouts, key=lambda layout: -predicted_rate(profile_, layout))
+    # The best of each number of env threads first, so that the first few
+    # measured differ where the model is least sure; in process and in
+    # child processes taken in turn, in process first (it starts sooner),
+    # since the model knows the children's costs least.
+    firsts = {False: [], True: []}
+    seen = set()
+    for layout in ranked:
+        if (layout.num_envs, layout.processes) not in seen:
+            seen.add((layout.num_envs, layout.processes))
+            firsts[layout.processes].append(layout)
+    turns = [layout for pair in itertools.zip_longest(firsts[False], firsts[True])
+             for layout in pair if layout is not None]
+    return turns + [layout for layout in ranked if layout not in turns]
+
+
+def driver_env_constructor(env_constructor, layout):
+    """The driver's zero-arg env_constructor for `layout` from
+    `env_constructor` (`choose_layout`'s): called with its env batch size
+    (and its EnvPool receive size), or itself if it takes no batch size."""
+    if not takes_batch_size(env_constructor):
+        return env_constructor
+    if layout.recv_batch_size is None:
+        return functools.partial(env_constructor, batch_size=layout.env_batch_size)
+    return functools.partial(env_constructor, batch_size=layout.env_batch_size,
+                             recv_batch_size=layout.recv_batch_size)
+
+
+def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
+                 stop_event=None, clock=time.monotonic, deadline=None):
+    """Env steps per second of `layout`: a driver whose learner only
+    dequeues (one unroll of every env thread at a time), measured for
+    `seconds` after its first batch.
+
+    Args:
+        env_constructor: as `choose_layout`'s (the in-process or the
+            child-process one, as `layout.processes` says).
+        policy: the TFPolicy to act with.
+        layout: the `Layout` to run.
+        seconds: how long to count.
+        unroll_length: steps per unroll.
+        stop_event: a `threading.Event`; once set, the driver is stopped.
+        clock: a zero-arg callable returning seconds.
+        deadline: a `clock()` time by which to have stopped counting: the
+            count ends there if it began, else the driver is stopped there
+            and nothing is counted. None: no deadline.
+
+    Returns:
+        env steps per second up to the last batch counted, or None if
+        `deadline` came before a batch was counted.
+
+    Raises:
+        DriverStoppedError: `stop_event` was set.
+        Exception: whatever the environments or the policy raised, with its type.
+    """
+    driver = AsyncOffPolicyDriver(
+        driver_env_constructor(env_constructor, layout), policy, num_envs=layout.num_envs,
+        num_actor_queues=layout.num_actor_queues, actor_queue_cap=layout.actor_queue_cap,
+        unroll_length=unroll_length, learn_queue_cap=layout.num_envs)
+    done, late = threading.Event(), threading.Event()
+    watcher = None
+    if stop_event is not None or deadline is not None:
+        def watch():
+            while not done.wait(0.05):
+                if stop_event is not None and stop_event.is_set():
+                    driver.stop()
+                    return
+                if deadline is not None and clock() >= deadline:
+                    late.set()
+                    driver.stop()
+                    return
+        watcher = threading.Thread(target=watch, name="layout_watcher", daemon=True)
+        watcher.start()
+    try:
+        driver.start()
+        try:
+            driver.get_training_exps()       # every graph traced once a batch came
+        except DriverStoppedError:
+            if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+                return None
+            raise
+        start, steps = clock(), driver.get_perf_stats()["env_steps"]
+        end = start + seconds if deadline is None else min(start + seconds, deadline - 0.1)
+        counted = (start, steps)      # (time, env steps) at the last batch
+        while clock() < end:
+            try:
+                driver.get_training_exps()
+            except DriverStoppedError:
+                if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+                    break             # the deadline came while a batch was on its way
+                raise
+            counted = (clock(), driver.get_perf_stats()["env_steps"])
+        if counted[0] <= start:
+            return None
+        return (counted[1] - steps) / (counted[0] - start)
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
+        driver.stop()
+        if stop_event is not None and stop_event.is_set():
+            raise DriverStoppedError("measuring layouts was stopped")
+
+
+def choose_layout(env_constructor, policy, num_environments,
+                  process_env_constructor=None, budget_secs=20.0, seconds_per_candidate=1.5,
+                  unroll_length=8, batch_rows=None, stop_event=None, print_fn=None,
+                  clock=time.monotonic, measure=None):
+    """Measures candidate layouts for `num_environments` rows of the user's
+    environments and `policy`, and returns the fastest (see the module
+    docstring).
+
+    Args:
+        env_constructor: callable returning an in-process TFEnvironment:
+            `env_constructor(batch_size=B)` for B rows (also given
+            `recv_batch_size=R` for EnvPool), or the driver's zero-arg kind,
+            whose batch size every candidate then keeps (see the module
+            docstring).
+        policy: the TFPolicy the driver will act with (its collect policy).
+        num_environments: environment rows in total (num_envs x env_batch_size).
+        process_env_constructor: the same for environments in child
+            processes; None: in process only.
+        budget_secs: seconds to spend at most, profiling included (the
+            first candidate is measured whatever it takes, and stopping the
+            last may run past it).
+        seconds_per_candidate: how long each candidate is counted.
+        unroll_length: steps per unroll, as the run will have it.
+        batch_rows: if set, only layouts whose env_batch_size divides it (the
+            rows of a learner batch, so that it keeps its size).
+        stop_event: a `threading.Event`; once set, measuring stops.
+        print_fn: callable(str) for one line per candidate measured (None: silent).
+        clock: a zero-arg callable returning seconds.
+        measure: callable(layout, seconds) -> env steps/s, replacing the
+            driver measurement (`measure_rate`); for tests and for tools
+            with their own measure.
+
+    Returns:
+        A `LayoutChoice`.
+
+    Raises:
+        ValueError: `num_environments` is not an integer >= 1, or no split
+            of it into env threads fits (a fixed batch size must divide it,
+            an env batch size must divide `batch_rows`).
+        DriverStoppedError: `stop_event` was set before a layout was chosen.
+        Exception: whatever the environments or the policy raised, with its type.
+    """
+    if not isinstance(num_environments, int) or isinstance(num_environments, bool) or (
+            num_environments < 1):
+        raise ValueError(f"num_environments must be an integer >= 1, got {num_environments!r}")
+    start = clock()
+    profile_ = profile(env_constructor, policy, num_environments,
+                       seconds=min(1.0, budget_secs / 10), clock=clock)
+    ranked = candidates(profile_, num_environments,
+                        processes=process_env_constructor is not None, batch_rows=batch_rows)
+    if not ranked:
+        fixed = profile_.fixed_batch_size
+        reasons = ([f"env_constructor's environments have {fixed} rows"] if fixed else []) + (
+            [f"an env batch size must divide the learner's {batch_rows} rows"]
+            if batch_rows is not None else [])
+        raise ValueError(f"no split of {num_environments} environments into env threads "
+                         f"fits: {'; '.join(reasons)}")
+    if measure is None:
+        def measure(layout, seconds):
+            make = process_env_constructor if layout.processes else env_constructor
+            # After the first candidate, the budget is a deadline (measure_rate's).
+            return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock,
+                                deadline=start + budget_secs if rates else None)
+    rates, longest = [], {}   # {processes: the longest a candidate there took}
+    for layout in ranked:
+        if stop_event is not None and stop_event.is_set():
+            raise DriverStoppedError("measuring layouts was stopped")
+        # The first of a place (child processes start slower) is expected
+        # to take as long as the longest yet.
+        expected = longest.get(layout.processes, max(longest.values(), default=0.0))
+        if rates and clock() - start + expected > budget_secs:
+            continue
+        began = clock()
+        rate = measure(layout, seconds_per_candidate)
+        longest[layout.processes] = max(longest.get(layout.processes, 0.0), clock() - began)
+        if rate is None:     # the deadline came first
+            break
+        rates.append((layout, rate))
+        if print_fn is not None:
+            print_fn(f"[alf_async] layout {format_layout(layout)}: {rate:,.0f} env steps/s")
+    rates.sort(key=lambda item: -item[1])
+    return LayoutChoice(rates[0][0], rates, profile_, clock() - start)

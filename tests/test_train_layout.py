@@ -1,0 +1,154 @@
+"""train.layout: 'auto' measures this run's environments and policy, runs
+the fastest layout, writes it into the operative config, and a resumed run
+reuses it without measuring; a given layout runs as given; bad layouts are
+refused with one line before anything starts."""
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import gin
+import pytest
+
+from alf_async import trainer
+from alf_async.driver.layout import parse_layout
+from conftest import signal_when_ready  # noqa: E402
+from test_subprocess_env import _process_table  # noqa: E402  (tests/ is on sys.path)
+from test_trainer import SMOKE_GIN  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def smoke():
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([SMOKE_GIN], [])
+    yield
+    gin.clear_config()
+
+
+def _latest_config(root_dir):
+    paths = glob.glob(os.path.join(root_dir, "operative_config-*.gin"))
+    return open(max(paths, key=os.path.getmtime)).read()
+
+
+def test_auto_runs_the_fastest_writes_it_and_a_resumed_run_reuses_it(tmp_path):
+    with gin.unlock_config():
+        gin.bind_parameter("train.layout", "auto")
+    lines = []
+    first = trainer.train(str(tmp_path), layout_budget_secs=6.0, num_iterations=8,
+                          print_fn=lines.append)
+    chosen = [line for line in lines if line.endswith("(train.layout = 'auto')")]
+    assert len(chosen) == 1, lines
+    match = re.match(r"\[alf_async\] layout (.+?): [\d,]+ env steps/s, the fastest of (\d+) "
+                     r"measured in ([\d.]+) s", chosen[0])
+    assert match, chosen[0]
+    name = match.group(1)
+    layout = parse_layout(name)
+    # smoke.gin: 2 env threads x 2 rows, learner batches of 1 x 2 rows.
+    assert layout.num_envs * layout.env_batch_size == 4 and 2 % layout.env_batch_size == 0
+    assert float(match.group(3)) < 6.0 + 5.0
+    assert first.stopped_by == "num_iterations" and first.env_steps == 8 * 2 * 4
+    config = _latest_config(str(tmp_path))
+    assert f"train.layout = {name!r}" in config and "train.layout = 'auto'" not in config
+    lines = []
+    second = trainer.train(str(tmp_path), num_iterations=12, print_fn=lines.append)
+    assert (f"[alf_async] layout {name}: chosen when this run started (train.layout = "
+            f"'auto'), not measured again") in lines
+    assert not any("the fastest of" in line for line in lines)
+    assert second.env_steps == 12 * 2 * 4
+    assert f"train.layout = {name!r}" in _latest_config(str(tmp_path))
+
+
+def test_a_given_layout_runs_as_given_with_the_learner_batch_kept(tmp_path):
+    lines = []
+    result = trainer.train(str(tmp_path), layout="4x1, 2 actor queues (cap 2), in process",
+                           num_iterations=5, print_fn=lines.append)
+    # The learner batch keeps its 2 rows: 2 unrolls of 1 row, 4 steps each.
+    assert result.env_steps == 5 * 2 * 4
+    assert not [line for line in lines if line.startswith("[alf_async] layout") or
+                "measuring layouts" in line]   # nothing measured
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("2x8", "train.layout must be None, 'auto' or a layout: a layout looks like '2x8, 1 actor "
+            "queue (cap 2), in process' (or 'in child processes'; ', receives of 4' for "
+            "EnvPool), got '2x8'"),
+    ("1x8, 1 actor queue (cap 1), in process",
+     "train.layout '1x8, 1 actor queue (cap 1), in process' has 8 environments; "
+     "train.num_envs x train.env_batch_size = 4"),
+    ("1x4, 1 actor queue (cap 1), in process",
+     "train.layout '1x4, 1 actor queue (cap 1), in process': its env batch size 4 does not "
+     "divide the learner batch's 2 rows (train.learn_queue_cap x train.env_batch_size)"),
+])
+def test_a_bad_layout_is_refused_with_one_line_before_anything_runs(tmp_path, layout, message):
+    with pytest.raises(trainer.ConfigError) as raised:
+        trainer.train(str(tmp_path), layout=layout, print_fn=lambda line: None)
+    assert str(raised.value).splitlines()[0] == message   # gin adds the configurable's name
+    assert not glob.glob(os.path.join(str(tmp_path), "train", "checkpoint"))
+
+
+def test_a_stop_while_measuring_runs_nothing(tmp_path):
+    stop = threading.Event()
+    stop.set()
+    lines = []
+    result = trainer.train(str(tmp_path), layout="auto", stop_event=stop, print_fn=lines.append)
+    assert result.stopped_by == "stop_event" and result.global_step == 0
+    assert lines == [
+        "[alf_async] train.layout = 'auto': measuring layouts of 4 environments for up to 20 s",
+        "[alf_async] stopped (stop_event) while measuring layouts; nothing was run"]
+    assert not glob.glob(os.path.join(str(tmp_path), "operative_config-*.gin"))
+
+
+def _pids_below(root):
+    table = _process_table()
+    found, stack = set(), [root]
+    while stack:
+        parent = stack.pop()
+        for pid, (ppid, _) in table.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                stack.append(pid)
+    return found
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigint_while_measuring_exits_0_and_leaves_no_process_behind(tmp_path):
+    # smoke.gin's CartPoles are suite_gym's, so child processes are among
+    # the candidates: whatever processes the measuring started must be gone.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
+         "--gin_file", SMOKE_GIN, "--gin_param", "train.layout = 'auto'",
+         "--gin_param", "train.layout_budget_secs = 60.0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+
+    def after_four_seconds():
+        time.sleep(4.0)
+        return _pids_below(proc.pid)
+
+    output, elapsed, below = signal_when_ready(
+        proc, lambda line: line.startswith(
+            "[alf_async] train.layout = 'auto': measuring layouts"),
+        before_signal=after_four_seconds)
+    assert proc.returncode == 0, output[-3000:]
+    assert elapsed < 10
+    assert "[alf_async] stopped (stop_event) while measuring layouts; nothing was run" in output
+    deadline = time.monotonic() + 5
+    while any(map(_alive, below)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in below if _alive(pid)]
+    assert not glob.glob(os.path.join(str(tmp_path), "operative_config-*.gin"))
