@@ -431,7 +431,7 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
 
     Returns:
         env steps per second up to the last batch counted, or None if
-        `deadline` came before a batch was counted.
+            `deadline` came before a batch was counted.
 
     Raises:
         DriverStoppedError: `stop_event` was set.
