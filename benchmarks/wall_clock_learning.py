@@ -257,7 +257,14 @@ def _random_experience(data_spec, num_rows, steps, seed):
     exp = exp._replace(step_type=tf.ones_like(exp.step_type),
                        next_step_type=tf.ones_like(exp.next_step_type),
                        discount=tf.ones_like(exp.discount),
-                       reward=tf.random.normal(tf.shape(exp.reward)))
+                       reward=tf.random.normal(tf.shape(exp.reward)),
+                       # A Gaussian behaviour policy sampled from its
+                       # (unbounded) spec has locations near +-1e38 and
+                       # scales <= 0, whose log-probabilities NaN the
+                       # agent's weights: a unit Gaussian instead.
+                       policy_info=tf.nest.map_structure(
+                           _unit_gaussian, _paths(exp.policy_info), exp.policy_info,
+                           check_types=False))
     spec = data_spec.observation
     if spec.dtype != tf.uint8:
         return exp._replace(observation=tf.random.normal(tf.shape(exp.observation),
@@ -271,6 +278,24 @@ def _random_experience(data_spec, num_rows, steps, seed):
     step_type[:, 0] = 0  # FIRST
     return exp._replace(observation=tf.constant(stacks),
                         step_type=tf.constant(step_type, dtype=exp.step_type.dtype))
+
+
+def _unit_gaussian(path, t):
+    import tensorflow as tf
+    if path.endswith("/scale_diag"):
+        return tf.ones_like(t)
+    return tf.zeros_like(t) if path.endswith("/loc") else t
+
+
+def _paths(nest, prefix=""):
+    """`nest` (dicts, tuples and leaves) with each leaf replaced by its path
+    ("/dist_params/scale_diag")."""
+    import collections.abc
+    if isinstance(nest, collections.abc.Mapping):
+        return {key: _paths(value, f"{prefix}/{key}") for key, value in nest.items()}
+    if isinstance(nest, (tuple, list)):
+        return type(nest)(_paths(value, f"{prefix}/{i}") for i, value in enumerate(nest))
+    return prefix
 
 
 def _sync_envs(sync_env, suite, env_name, num_rows, seed):
