@@ -252,6 +252,7 @@ def _random_experience(data_spec, num_rows, steps, seed):
     from a FIRST step whose older channels repeat its frame."""
     import numpy as np
     import tensorflow as tf
+    import tree  # dm-tree, tensorflow-probability's dependency
     from tf_agents.specs import tensor_spec
     exp = tensor_spec.sample_spec_nest(data_spec, outer_dims=(num_rows, steps), seed=seed)
     exp = exp._replace(step_type=tf.ones_like(exp.step_type),
@@ -262,9 +263,8 @@ def _random_experience(data_spec, num_rows, steps, seed):
                        # (unbounded) spec has locations near +-1e38 and
                        # scales <= 0, whose log-probabilities NaN the
                        # agent's weights: a unit Gaussian instead.
-                       policy_info=tf.nest.map_structure(
-                           _unit_gaussian, _paths(exp.policy_info), exp.policy_info,
-                           check_types=False))
+                       policy_info=tree.map_structure_with_path(_unit_gaussian,
+                                                                exp.policy_info))
     spec = data_spec.observation
     if spec.dtype != tf.uint8:
         return exp._replace(observation=tf.random.normal(tf.shape(exp.observation),
@@ -281,21 +281,12 @@ def _random_experience(data_spec, num_rows, steps, seed):
 
 
 def _unit_gaussian(path, t):
+    """`tree.map_structure_with_path`'s function: a Gaussian's parameters
+    (`.../loc`, `.../scale_diag`) those of a unit Gaussian, others kept."""
     import tensorflow as tf
-    if path.endswith("/scale_diag"):
+    if path[-1:] == ("scale_diag",):
         return tf.ones_like(t)
-    return tf.zeros_like(t) if path.endswith("/loc") else t
-
-
-def _paths(nest, prefix=""):
-    """`nest` (dicts, tuples and leaves) with each leaf replaced by its path
-    ("/dist_params/scale_diag")."""
-    import collections.abc
-    if isinstance(nest, collections.abc.Mapping):
-        return {key: _paths(value, f"{prefix}/{key}") for key, value in nest.items()}
-    if isinstance(nest, (tuple, list)):
-        return type(nest)(_paths(value, f"{prefix}/{i}") for i, value in enumerate(nest))
-    return prefix
+    return tf.zeros_like(t) if path[-1:] == ("loc",) else t
 
 
 def _sync_envs(sync_env, suite, env_name, num_rows, seed):

@@ -212,9 +212,11 @@ def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():
     assert not driver_threads()
 
 
-def test_num_environments_must_be_a_positive_integer():
+def test_num_environments_and_seconds_per_candidate_are_checked():
     with pytest.raises(ValueError, match="^num_environments must be an integer >= 1, got 0$"):
         choose_layout(_make(), _policy(), 0)
+    with pytest.raises(ValueError, match="^seconds_per_candidate must be > 0, got 0$"):
+        choose_layout(_make(), _policy(), 4, seconds_per_candidate=0)
 
 
 def test_a_zero_arg_env_constructor_keeps_its_batch_size():

@@ -6,7 +6,6 @@ refused with one line before anything starts."""
 import glob
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading

@@ -79,6 +79,7 @@ from alf_async.driver import metrics as metrics_lib
 from alf_async.distributed.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
                                  variable_table)
 from alf_async.driver import DriverStoppedError
+from alf_async.driver.health import RateInterval
 from alf_async.learning import agents, policy_lag
 from alf_async.learning.learner import Hook
 from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, is_unroll_queue, replay_table,
@@ -308,29 +309,27 @@ class FeedHealth(object):
     """`SummaryHook`'s health scalars for a `ReplayFeed`: Replay/size,
     Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
     (observed over the interval since the previous call at an earlier train
-    step; a call at the same train step has none), Collectors/restarts.
-    `scalars` runs on the learner's thread and blocks for one `server_info`
-    call at most."""
+    step, `RateInterval`; a call at the same train step has none),
+    Collectors/restarts. `scalars` runs on the learner's thread and blocks
+    for one `server_info` call at most."""
 
     def __init__(self, client, collectors):
         self._client = client
         self._collectors = collectors
-        self._last = None
+        self._interval = RateInterval()
 
     def scalars(self, train_step):
         """Returns `{tag: value}` at `train_step`."""
         table = self._client.server_info(timeout=10)[REPLAY_TABLE]
         limiter = table.rate_limiter_info
-        now = time.monotonic()
         counts = (limiter.insert_stats.completed, limiter.sample_stats.completed)
-        last = self._last
-        if last is None or int(train_step) > last[2]:   # as DriverHealth: no rate
-            self._last = (now, counts, int(train_step))  # over an empty interval
+        interval = self._interval.since(time.monotonic(), train_step, counts)
         scalars = {"Replay/size": table.current_size}
-        if last is not None and int(train_step) > last[2] and now > last[0]:
-            inserts, samples = counts[0] - last[1][0], counts[1] - last[1][1]
-            scalars["Replay/inserts_per_sec"] = inserts / (now - last[0])
-            scalars["Replay/samples_per_sec"] = samples / (now - last[0])
+        if interval is not None:
+            dt, _, old = interval
+            inserts, samples = counts[0] - old[0], counts[1] - old[1]
+            scalars["Replay/inserts_per_sec"] = inserts / dt
+            scalars["Replay/samples_per_sec"] = samples / dt
             if inserts > 0:
                 scalars["Replay/samples_per_insert"] = samples / inserts
         scalars["Collectors/restarts"] = self._collectors.restarts

@@ -7,11 +7,44 @@ import numpy as np
 from alf_async.environments.capabilities import restarts_of
 
 
+class RateInterval(object):
+    """The interval a rate is observed over: from the previous call at an
+    earlier train step to this one. A call at the same train step as the
+    previous one (a run's final write right after an interval's) has no
+    interval of its own, and the next interval starts from the previous
+    point, so a rate is never taken over an empty interval.
+
+    Threads: one thread calls `since` (the learner's).
+    """
+
+    def __init__(self):
+        self._last = None
+
+    def since(self, now, train_step, counts):
+        """Ends an interval at (`now`, `train_step`) with `counts` (whatever
+        the caller takes differences of) and starts the next there, unless
+        `train_step` repeats the previous call's.
+
+        Returns:
+            (seconds, train steps, the counts at its start) of the interval
+                ending here, or None: the first call, a repeated train step,
+                or no time passed.
+        """
+        train_step = int(train_step)
+        last = self._last
+        if last is None or train_step > last[1]:
+            self._last = (now, train_step, counts)
+        if last is not None and train_step > last[1] and now > last[0]:
+            return now - last[0], train_step - last[1], last[2]
+        return None
+
+
 class DriverHealth(object):
     """The driver's health as scalars to write at a train step: rates over
-    the interval since the previous call at an earlier train step (Perf/...;
-    a call at the same train step has none), queue occupancy (Queues/...),
-    environment restarts (Env/..., of `Restartable` environments).
+    the interval since the previous call at an earlier train step (Perf/...,
+    `RateInterval`; a call at the same train step has none), queue occupancy
+    (Queues/...), environment restarts (Env/..., of `Restartable`
+    environments).
 
     Args:
         driver: the AsyncOffPolicyDriver (its perf stats, queues, environments).
@@ -21,26 +54,18 @@ class DriverHealth(object):
     def __init__(self, driver, clock=time.monotonic):
         self._driver = driver
         self._clock = clock
-        self._last = None
+        self._interval = RateInterval()
 
     def scalars(self, train_step):
         """Returns `{tag: value}` at `train_step` (the learner's thread calls it)."""
         stats = self._driver.get_perf_stats()
-        now = self._clock()
-        last = self._last
-        # Rates are points against the train step: a call at the step of the
-        # previous one (the run's final write right after an interval's) has no
-        # interval of its own, so it has no rates and the next interval starts
-        # from the previous point.
-        if last is None or int(train_step) > last[1]:
-            self._last = (now, int(train_step), stats)
+        interval = self._interval.since(self._clock(), train_step, stats)
         scalars = {}
-        if last is not None and int(train_step) > last[1] and now > last[0]:
-            dt = now - last[0]
-            old = last[2]
+        if interval is not None:
+            dt, train_steps, old = interval
             batches = stats["actor_batches"] - old["actor_batches"]
             scalars["Perf/env_steps_per_sec"] = (stats["env_steps"] - old["env_steps"]) / dt
-            scalars["Perf/train_steps_per_sec"] = (int(train_step) - last[1]) / dt
+            scalars["Perf/train_steps_per_sec"] = train_steps / dt
             # Share of the env threads' time spent waiting for an action.
             scalars["Perf/action_wait_fraction"] = (
                 stats["action_wait_secs"] - old["action_wait_secs"]) / (dt * self._driver.num_envs)

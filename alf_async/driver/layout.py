@@ -455,12 +455,16 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
                     return
         watcher = threading.Thread(target=watch, name="layout_watcher", daemon=True)
         watcher.start()
+
+    def stopped_by_deadline():
+        return late.is_set() and not (stop_event is not None and stop_event.is_set())
+
     try:
         driver.start()
         try:
             driver.get_training_exps()       # every graph traced once a batch came
         except DriverStoppedError:
-            if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+            if stopped_by_deadline():
                 return None
             raise
         start, steps = clock(), driver.get_perf_stats()["env_steps"]
@@ -470,7 +474,7 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
             try:
                 driver.get_training_exps()
             except DriverStoppedError:
-                if late.is_set() and not (stop_event is not None and stop_event.is_set()):
+                if stopped_by_deadline():
                     break             # the deadline came while a batch was on its way
                 raise
             counted = (clock(), driver.get_perf_stats()["env_steps"])
@@ -522,8 +526,9 @@ def choose_layout(env_constructor, policy, num_environments,
         A `LayoutChoice`.
 
     Raises:
-        ValueError: `num_environments` is not an integer >= 1, or no split
-            of it into env threads fits (a fixed batch size must divide it,
+        ValueError: `num_environments` is not an integer >= 1,
+            `seconds_per_candidate` is not > 0, or no split of
+            `num_environments` into env threads fits (a fixed batch size must divide it,
             an env batch size must divide `batch_rows`).
         DriverStoppedError: `stop_event` was set before a layout was chosen.
         Exception: whatever the environments or the policy raised, with its type.
@@ -531,6 +536,9 @@ def choose_layout(env_constructor, policy, num_environments,
     if not isinstance(num_environments, int) or isinstance(num_environments, bool) or (
             num_environments < 1):
         raise ValueError(f"num_environments must be an integer >= 1, got {num_environments!r}")
+    if not seconds_per_candidate > 0:
+        raise ValueError(
+            f"seconds_per_candidate must be > 0, got {seconds_per_candidate!r}")
     start = clock()
     profile_ = profile(env_constructor, policy, num_environments,
                        seconds=min(1.0, budget_secs / 10), clock=clock)
