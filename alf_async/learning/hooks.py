@@ -128,8 +128,13 @@ class EvaluationHook(Hook):
     def _evaluate(self, learner, step):
         learner.warm_up.wait("eval")
         average_return, average_length = self._evaluator()
-        secs = time.monotonic() - learner.start_time
-        env_steps = learner.env_steps
+        self._record(learner, time.monotonic() - learner.start_time, step, learner.env_steps,
+                     average_return, average_length)
+
+    def _record(self, learner, secs, step, env_steps, average_return, average_length):
+        """Writes, prints and keeps the evaluation of the policy of train
+        step `step` (`env_steps` dequeued then) that ended `secs` into the
+        loop; stops the learner if it reached `stop_at_return`."""
         self.evaluations.append((secs, step, env_steps, average_return, average_length))
         self._summaries.write({
             "Metrics/AverageReturn": (average_return, step),
