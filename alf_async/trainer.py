@@ -302,8 +302,8 @@ def train(root_dir,
             hooks.append(job.ServingAnnouncement(env_constructor, root_dir, print_fn))
         if distributed:
             hooks.extend(distributed.hooks)
-        waker = StopWaker(stop_event) if stop_event is not None else None
-        hooks.append(waker)   # the last: begins once every other hook has
+        if stop_event is not None:
+            hooks.append(StopWaker(stop_event))   # the last: begins once every other hook has
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
             sample_batch_size=sample_batch_size, initial_collect_steps=initial_collect_steps,
@@ -318,8 +318,6 @@ def train(root_dir,
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
-        if waker is not None:
-            waker.close()
         _close_envs(eval_env, env_constructor)
         _close(replayer)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "

@@ -231,7 +231,7 @@ class StopWaker(Hook):
 
     Threads: `begin` (the learner's thread, after every other hook began:
     this one is the last) starts a daemon thread that polls the event every
-    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
+    0.1 s; `end` and `close` (the learner's thread, on every exit path)
     end and join it.
     """
 
@@ -255,9 +255,9 @@ class StopWaker(Hook):
                 return
 
     def end(self, learner, stopped_by):
-        self.close()
+        self.close(learner)
 
-    def close(self):
+    def close(self, learner):
         self._closed.set()
         if self._thread is not None:
             self._thread.join()
