@@ -43,7 +43,6 @@ import os
 import gin
 import tensorflow as tf
 from tf_agents.eval import metric_utils
-from tf_agents.policies import epsilon_greedy_policy, greedy_policy
 from tf_agents.utils import common
 
 from alf_async.learning import agents  # registers dqn_agent, sac_agent, ppo_agent, impala_agent
@@ -53,11 +52,14 @@ from alf_async.serving import job
 from alf_async.driver import AsyncOffPolicyDriver, DriverStoppedError
 from alf_async.driver import layout as layout_lib
 from alf_async.environments import suites
-from alf_async.learning.evaluation import Evaluator
+from alf_async.learning.background_evaluation import BackgroundEvaluationHook, PolicySnapshot
+from alf_async.learning.evaluation import Evaluator, eval_policy
 from alf_async.learning.learner import Learner, LearnerCounters
 from alf_async.learning.hooks import (CheckpointHook, EvaluationHook, ProgressHook, SolvedRecord,
                                      StopWaker, SummaryHook)
 from alf_async.learning.random_start import RandomStartPolicy
+from alf_async.train_checks import (ConfigError, IncompatibleCheckpointError, check_args,
+                                    check_unroll_agent)
 
 TrainResult = collections.namedtuple("TrainResult", [
     "global_step", "env_steps", "iterations", "stopped_by", "evaluations", "solved_secs"])
@@ -78,70 +80,6 @@ def one_line(error):
     (the message already names the binding)."""
     return " | ".join(line.strip() for line in str(error).splitlines()
                       if line.strip() and not line.strip().startswith("In call to configurable"))
-
-
-class ConfigError(ValueError):
-    """A bad `train()` argument, found before anything is built."""
-
-
-class IncompatibleCheckpointError(ConfigError):
-    """root_dir's checkpoint does not fit the configuration (found before any thread starts)."""
-
-
-def _check_args(**args):
-    """Fails before anything is built on a bad value, naming the binding."""
-    positive = ("num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
-                "unroll_length", "learn_queue_cap", "train_steps_per_iteration",
-                "sample_batch_size", "summary_interval", "checkpoint_interval",
-                "eval_interval")
-    for name in positive:
-        value = args[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"train.{name} must be an int >= 1, got {value!r}")
-    for name in ("num_iterations", "num_env_steps", "initial_collect_steps",
-                 "num_eval_episodes"):
-        value = args[name]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
-                                  value < 0):
-            raise ConfigError(f"train.{name} must be None or an int >= 0, got {value!r}")
-    if args["num_iterations"] is None and args["num_env_steps"] is None:
-        raise ConfigError("set train.num_iterations or train.num_env_steps (or both): "
-                         "otherwise training never stops")
-    for name in ("inter_op_threads", "intra_op_threads"):
-        value = args[name]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
-                                  value < 1):
-            raise ConfigError(f"train.{name} must be None or an int >= 1, got {value!r}")
-    for name in ("log_interval_secs", "layout_budget_secs"):
-        value = args[name]
-        if not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
-    if args["eval_env_kwargs"] is not None and not isinstance(args["eval_env_kwargs"], dict):
-        raise ConfigError(f"train.eval_env_kwargs must be None or a dict of suites.load "
-                          f"arguments, got {args['eval_env_kwargs']!r}")
-    value = args["eval_epsilon"]
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                              or not 0 <= value <= 1):
-        raise ConfigError(f"train.eval_epsilon must be None or a number in [0, 1], got {value!r}")
-    if args["stop_at_eval_return"] is not None and args["num_eval_episodes"] in (0, None):
-        raise ConfigError("train.stop_at_eval_return needs train.num_eval_episodes >= 1")
-    if not callable(args["agent_fn"]):
-        raise ConfigError(f"train.agent_fn must be callable, got {args['agent_fn']!r}")
-    value = args["num_collectors"]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"train.num_collectors must be an int >= 0, got {value!r}")
-    value = args["layout"]
-    if value not in (None, "auto"):
-        try:
-            layout_lib.parse_layout(value)
-        except ValueError as e:
-            raise ConfigError(f"train.layout must be None, 'auto' or a layout: {e}") from None
-    if value is not None and args["num_collectors"]:
-        raise ConfigError("train.layout arranges this process's environments; with "
-                          "train.num_collectors > 0 the collectors step them: leave it None")
-    if args["collector_launcher"] not in ("local", "ray", "none"):
-        raise ConfigError(f"train.collector_launcher must be 'local', 'ray' or 'none', got "
-                          f"{args['collector_launcher']!r}")
 
 
 def _print_flush(line):
@@ -203,6 +141,7 @@ def train(root_dir,
           greedy_eval=False,
           eval_epsilon=None,
           eval_env_kwargs=None,
+          async_eval=False,
           num_collectors=0,
           collector_launcher="local"):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
@@ -281,6 +220,11 @@ def train(root_dir,
             evaluation environments only (e.g. Mnih et al. 2015's 5-minute
             evaluation games: {'max_num_frames_per_episode': 18000} for
             suite_atari). None: the training environments' settings.
+        async_eval: evaluate on a thread of its own while the learner
+            trains on (ALF's async_eval; `background_evaluation.
+            BackgroundEvaluationHook`), a snapshot of the policy taken at
+            each `eval_interval`; False: on the learner's thread, training
+            paused meanwhile.
         num_collectors: collector processes that feed this learner through
             a Reverb server here (0, the default: this process collects
             itself). With K > 0 this process only learns and evaluates
@@ -297,7 +241,7 @@ def train(root_dir,
         Exception: the first error of any driver thread, with its type,
             after every thread was stopped.
     """
-    _check_args(**{k: v for k, v in locals().items()})
+    check_args(**{k: v for k, v in locals().items()})
     _set_threads(inter_op_threads, intra_op_threads)
     print_fn = print_fn or _print_flush
     root_dir = os.path.expanduser(root_dir)
@@ -344,12 +288,10 @@ def train(root_dir,
                      f"{int(counters.env_steps)}, iteration {int(counters.iterations)}")
         for line in changed:
             print_fn(f"[alf_async] the config's value applies: {line}")
-        evaluation = EvaluationHook(
-            Evaluator(eval_env, _eval_policy(agent, greedy_eval, eval_epsilon)),
-            tf.summary.create_file_writer(os.path.join(root_dir, "eval")), eval_interval,
-            stop_at_return=stop_at_eval_return, print_fn=print_fn, solved=solved,
-            policy_name="greedy policy" if eval_epsilon is None else
-            f"epsilon-greedy policy ({eval_epsilon:g})") if num_eval_episodes else None
+        evaluation = _evaluation_hook(
+            agent, agent_fn, eval_env, root_dir, async_eval, greedy_eval, eval_epsilon,
+            eval_interval, stop_at_return=stop_at_eval_return, print_fn=print_fn,
+            solved=solved) if num_eval_episodes else None
         hooks = [resume.OperativeConfigHook(root_dir,
                                             layout=chosen if layout == "auto" else None),
                  SummaryHook(summary_interval), evaluation,
@@ -360,8 +302,8 @@ def train(root_dir,
             hooks.append(job.ServingAnnouncement(env_constructor, root_dir, print_fn))
         if distributed:
             hooks.extend(distributed.hooks)
-        waker = StopWaker(stop_event) if stop_event is not None else None
-        hooks.append(waker)   # the last: begins once every other hook has
+        if stop_event is not None:
+            hooks.append(StopWaker(stop_event))   # the last: begins once every other hook has
         learner = Learner(
             agent, driver, replayer, train_steps_per_iteration=train_steps_per_iteration,
             sample_batch_size=sample_batch_size, initial_collect_steps=initial_collect_steps,
@@ -376,8 +318,6 @@ def train(root_dir,
     try:
         stopped_by = learner.run(num_iterations=num_iterations, num_env_steps=num_env_steps)
     finally:
-        if waker is not None:
-            waker.close()
         _close_envs(eval_env, env_constructor)
         _close(replayer)
     print_fn(f"[alf_async] stopped ({stopped_by}) at iteration {learner.iterations}, train "
@@ -388,12 +328,22 @@ def train(root_dir,
                        evaluation.solved_secs if evaluation else None)
 
 
-def _eval_policy(agent, greedy, epsilon):
-    """The policy evaluations run (see `train`'s greedy_eval, eval_epsilon)."""
-    policy = greedy_policy.GreedyPolicy(agent.policy) if greedy else agent.policy
-    if epsilon is None:
-        return policy
-    return epsilon_greedy_policy.EpsilonGreedyPolicy(policy, epsilon=float(epsilon))
+def _evaluation_hook(agent, agent_fn, eval_env, root_dir, async_eval, greedy, epsilon,
+                     interval, **kwargs):
+    """The evaluation's hook: on the learner's thread, or with `async_eval`
+    on its own, evaluating a second agent of `agent_fn` that takes a
+    snapshot of `agent.policy`'s variables."""
+    name = "greedy policy" if epsilon is None else f"epsilon-greedy policy ({epsilon:g})"
+    writer = tf.summary.create_file_writer(os.path.join(root_dir, "eval"))
+    if not async_eval:
+        return EvaluationHook(Evaluator(eval_env, eval_policy(agent.policy, greedy, epsilon)),
+                              writer, interval, policy_name=name, **kwargs)
+    shadow = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(),
+                      tf.Variable(0, dtype=tf.int64, trainable=False, name="eval_step"))
+    return BackgroundEvaluationHook(
+        Evaluator(eval_env, eval_policy(shadow.policy, greedy, epsilon)),
+        PolicySnapshot(agent.policy, shadow.policy), writer, interval, policy_name=name,
+        **kwargs)
 
 
 def _close(replayer):
@@ -428,7 +378,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         agent = agent_fn(eval_env.time_step_spec(), eval_env.action_spec(), global_step)
         agent.initialize()
         if agents.trains_on_unrolls(agent):
-            _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration,
+            check_unroll_agent(agent, replayer_fn, train_steps_per_iteration,
                                 random_initial_collect, num_collectors, initial_collect_steps)
         if num_collectors:
             from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
@@ -554,41 +504,6 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
         _close(replayer)
         raise
     return replayer, driver, env_constructor
-
-
-def _check_unroll_agent(agent, replayer_fn, train_steps_per_iteration, random_initial_collect,
-                        num_collectors=0, initial_collect_steps=0):
-    """Refuses settings an agent that trains on each batch of unrolls once
-    cannot use (a replay buffer, several train calls per batch, random
-    initial actions, steps collected before training: with collectors their
-    queue of unrolls would fill and stop them), before anything starts.
-    With collectors the replayer reads the learner's Reverb queue of
-    unrolls (`ReverbReplayer`)."""
-    name = type(agent).__name__
-    given = getattr(replayer_fn, "__name__", repr(replayer_fn))
-    if num_collectors:
-        from alf_async.distributed.reverb_replayer import ReverbReplayer  # pylint: disable=import-outside-toplevel
-        if not (isinstance(replayer_fn, type) and issubclass(replayer_fn, ReverbReplayer)):
-            raise ConfigError(f"{name} trains on each batch of unrolls once: with "
-                              f"train.num_collectors > 0 set train.replayer_fn = "
-                              f"@ReverbReplayer (it reads the learner's Reverb queue of "
-                              f"unrolls; got {given})")
-    elif not (isinstance(replayer_fn, type) and
-              issubclass(replayer_fn, replayers.OneTimeReplayer)):
-        raise ConfigError(f"{name} trains on each batch of unrolls once: set "
-                          f"train.replayer_fn = @OneTimeReplayer (got {given}, a replay "
-                          f"buffer)")
-    if train_steps_per_iteration != 1:
-        raise ConfigError(f"{name} trains on each batch of unrolls once: "
-                          f"train.train_steps_per_iteration must be 1, got "
-                          f"{train_steps_per_iteration} (PPO's passes over a batch are "
-                          f"ppo_agent.num_epochs)")
-    if random_initial_collect:
-        raise ConfigError(f"{name} trains on what its own policy collects: "
-                          f"train.random_initial_collect must be False")
-    if initial_collect_steps:
-        raise ConfigError(f"{name} trains on each batch of unrolls as it comes: "
-                          f"train.initial_collect_steps must be 0, got {initial_collect_steps}")
 
 
 def _close_envs(eval_env, env_constructor):

@@ -158,7 +158,9 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     cpu_start = _cpu_secs()
     timer.start()
     try:
-        result = trainer.train(root_dir, seed=seed, stop_event=stop)
+        # Evaluations on the learner's thread, as the synchronous side's:
+        # their time is taken out of both sides' clocks.
+        result = trainer.train(root_dir, seed=seed, stop_event=stop, async_eval=False)
     finally:
         timer.cancel()
     cpu_secs = _cpu_secs() - cpu_start
@@ -311,12 +313,9 @@ def _query(name, default):
 
 def _eval_policy(agent):
     """What train() evaluates: train.greedy_eval and train.eval_epsilon as bound."""
-    from tf_agents.policies import epsilon_greedy_policy, greedy_policy
-    policy = (greedy_policy.GreedyPolicy(agent.policy) if _query("train.greedy_eval", False)
-              else agent.policy)
-    epsilon = _query("train.eval_epsilon", None)
-    return policy if epsilon is None else epsilon_greedy_policy.EpsilonGreedyPolicy(
-        policy, epsilon=epsilon)
+    from alf_async.learning.evaluation import eval_policy
+    return eval_policy(agent.policy, _query("train.greedy_eval", False),
+                       _query("train.eval_epsilon", None))
 
 
 def run_tf_agents(seed, seconds, sync_env, raw_secs):

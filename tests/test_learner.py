@@ -47,6 +47,9 @@ class Recorder(Hook):
     def end(self, learner, stopped_by):
         self.calls.append(("end", stopped_by))
 
+    def close(self, learner):
+        self.calls.append(("close",))
+
 
 def collecting(hooks=(), **driver_kwargs):
     """A Learner without an agent over 2 env threads of 2 CountingEnvs."""
@@ -64,7 +67,7 @@ def test_without_an_agent_it_takes_exact_batches_and_calls_every_hook_in_order()
     assert learner.loss is None and not learner.training
     assert recorder.calls == ([("begin", 0)] +
                               [("after_iteration", i, 0, 0) for i in range(1, 5)] +
-                              [("end", "num_iterations")])
+                              [("end", "num_iterations"), ("close",)])
     assert not [t for t in learner.driver.threads if t.is_alive()]
 
 
@@ -84,7 +87,7 @@ def test_a_hook_stops_it_with_its_reason():
     learner = collecting(hooks=[recorder])
     assert learner.run(num_iterations=100) == "recorder"
     assert learner.iterations == 2
-    assert recorder.calls[-1] == ("end", "recorder")
+    assert recorder.calls[-2:] == [("end", "recorder"), ("close",)]
 
 
 def test_stop_from_another_thread_wakes_a_learner_waiting_for_experience():
@@ -101,7 +104,7 @@ def test_stop_from_another_thread_wakes_a_learner_waiting_for_experience():
     thread.join(10)
     assert not thread.is_alive() and time.monotonic() - start < 5
     assert result == ["stop_event"]
-    assert recorder.calls == [("begin", 0), ("end", "stop_event")]
+    assert recorder.calls == [("begin", 0), ("end", "stop_event"), ("close",)]
 
 
 def test_a_stop_event_set_before_run_stops_it_at_once():
@@ -124,7 +127,8 @@ def test_a_hook_error_stops_the_driver_and_is_raised_without_end_hooks():
     learner = collecting(hooks=[_FailingHook(), recorder])
     with pytest.raises(LookupError, match="hook failed"):
         learner.run(num_iterations=10)
-    assert recorder.calls[-1] == ("after_iteration", 2, 0, 0)
+    # No end hooks after an error; every hook is closed.
+    assert recorder.calls[-2:] == [("after_iteration", 2, 0, 0), ("close",)]
     assert not [t for t in learner.driver.threads if t.is_alive()]
     with pytest.raises(DriverStoppedError):
         learner.driver.run_async()

@@ -2,7 +2,20 @@
 
 import numpy as np
 import tensorflow as tf
+from tf_agents.policies import epsilon_greedy_policy, greedy_policy
 from tf_agents.utils import common
+
+
+def eval_policy(policy, greedy=False, epsilon=None):
+    """The policy an evaluation runs: `policy`, or tf-agents'
+    `GreedyPolicy(policy)` with `greedy`, acting uniformly at random with
+    probability `epsilon` around it if set (see `trainer.train`'s
+    greedy_eval and eval_epsilon)."""
+    if greedy:
+        policy = greedy_policy.GreedyPolicy(policy)
+    if epsilon is None:
+        return policy
+    return epsilon_greedy_policy.EpsilonGreedyPolicy(policy, epsilon=float(epsilon))
 
 
 class Evaluator(object):
@@ -14,6 +27,9 @@ class Evaluator(object):
     cut, which biases the average towards short episodes. Here each of the
     B rows plays one episode and is masked once it ends; the whole loop is
     one graph call.
+
+    Threads: one thread at a time calls it; `cancel` may be called from any
+    thread, also while a call runs.
     """
 
     def __init__(self, env, policy, max_steps=100000):
@@ -26,6 +42,7 @@ class Evaluator(object):
         self._env = env
         self._policy = policy
         self._max_steps = max_steps
+        self._cancelled = tf.Variable(False, trainable=False, name="evaluation_cancelled")
         self._run = common.function(self._run_graph, autograph=False)
 
     @property
@@ -37,9 +54,19 @@ class Evaluator(object):
         self._run.get_concrete_function()
 
     def __call__(self):
-        """Returns (average return, average episode length) over the B episodes."""
+        """Returns (average return, average episode length) over the B episodes
+        (of the steps played, once cancelled)."""
         returns, lengths = self._run()
         return float(np.mean(returns.numpy())), float(np.mean(lengths.numpy()))
+
+    def cancel(self):
+        """Ends the running call at its next step, and every later call at
+        its first: for good (the episodes are cut, their averages meaningless)."""
+        self._cancelled.assign(True)
+
+    @property
+    def cancelled(self):
+        return bool(self._cancelled.numpy())
 
     def _run_graph(self):
         B = self._env.batch_size
@@ -48,7 +75,9 @@ class Evaluator(object):
         zeros = tf.zeros([B], tf.float32)
 
         def cond(i, time_step, state, returns, lengths, done):
-            return tf.logical_and(i < self._max_steps, tf.logical_not(tf.reduce_all(done)))
+            return tf.logical_and(
+                tf.logical_and(i < self._max_steps, tf.logical_not(tf.reduce_all(done))),
+                tf.logical_not(self._cancelled.read_value()))
 
         def body(i, time_step, state, returns, lengths, done):
             step = self._policy.action(time_step, state)

@@ -128,8 +128,13 @@ class EvaluationHook(Hook):
     def _evaluate(self, learner, step):
         learner.warm_up.wait("eval")
         average_return, average_length = self._evaluator()
-        secs = time.monotonic() - learner.start_time
-        env_steps = learner.env_steps
+        self._record(learner, time.monotonic() - learner.start_time, step, learner.env_steps,
+                     average_return, average_length)
+
+    def _record(self, learner, secs, step, env_steps, average_return, average_length):
+        """Writes, prints and keeps the evaluation of the policy of train
+        step `step` (`env_steps` dequeued then) that ended `secs` into the
+        loop; stops the learner if it reached `stop_at_return`."""
         self.evaluations.append((secs, step, env_steps, average_return, average_length))
         self._summaries.write({
             "Metrics/AverageReturn": (average_return, step),
@@ -226,7 +231,7 @@ class StopWaker(Hook):
 
     Threads: `begin` (the learner's thread, after every other hook began:
     this one is the last) starts a daemon thread that polls the event every
-    0.1 s; `end` and `close()` (the trainer's thread, on every exit path)
+    0.1 s; `end` and `close` (the learner's thread, on every exit path)
     end and join it.
     """
 
@@ -250,9 +255,9 @@ class StopWaker(Hook):
                 return
 
     def end(self, learner, stopped_by):
-        self.close()
+        self.close(learner)
 
-    def close(self):
+    def close(self, learner):
         self._closed.set()
         if self._thread is not None:
             self._thread.join()

@@ -22,7 +22,8 @@ stopped.
 Hooks (`Hook`; hooks.py has the ones train() uses) are called on the learner's thread:
 `begin` once the driver started, `training_started` at the first iteration
 that trains, `after_iteration` after each iteration, `end` after a clean
-stop (the driver stopped; e.g. the last summaries and checkpoint).
+stop (the driver stopped; e.g. the last summaries and checkpoint), `close`
+as `run()` returns, whichever way (e.g. to end a hook's thread).
 
 Performance. An iteration's train steps are one graph call: the step (one
 replayer sample + `agent.train`) is traced once and run by a
@@ -77,6 +78,11 @@ class Hook(object):
 
     def end(self, learner, stopped_by):
         """The loop stopped cleanly for `stopped_by` and the driver is stopped."""
+
+    def close(self, learner):
+        """`run()` is returning, after a clean stop (after every `end`) or
+        an error: end what the hook started (a thread). An error it raises
+        is logged, not raised."""
 
 
 class LearnerCounters(tf.Module):
@@ -250,16 +256,23 @@ class Learner(object):
         self._limits = (num_iterations, num_env_steps, num_train_steps)
         self._start_time = time.monotonic()
         try:
-            stopped_by = self._run_driver()
-        except BaseException:
-            # Every error exit ends the helper thread too (its own error is
-            # logged: the one in flight is reported).
-            self._warm_up.close(reraise=False)
-            raise
-        self._warm_up.close()
-        with self._summary_context():
+            try:
+                stopped_by = self._run_driver()
+            except BaseException:
+                # Every error exit ends the helper thread too (its own error is
+                # logged: the one in flight is reported).
+                self._warm_up.close(reraise=False)
+                raise
+            self._warm_up.close()
+            with self._summary_context():
+                for hook in self._hooks:
+                    hook.end(self, stopped_by)
+        finally:
             for hook in self._hooks:
-                hook.end(self, stopped_by)
+                try:
+                    hook.close(self)
+                except Exception:  # pylint: disable=broad-except
+                    logger.exception("closing hook %r raised", hook)
         return stopped_by
 
     # ------------------------------------------------------------ the loop
