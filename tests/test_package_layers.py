@@ -5,7 +5,8 @@ Every `import` in alf_async (module level or inside a function) is read with
 
     bin                          CLI entry points
     trainer                      train(): the gin wiring of one run
-    resume                       what a rerun on a root_dir restores, applies or refuses
+    resume | train_checks        what a rerun on a root_dir restores, applies or refuses;
+                                 the checks of train()'s arguments
     distributed | serving        built on the learner (siblings: neither imports the other)
     learning                     the learner, hooks, replayers, agents
     driver                       the asynchronous driver
@@ -37,6 +38,7 @@ LAYERS = {
     "distributed": 4,
     "serving": 4,
     "resume": 5,
+    "train_checks": 5,
     "trainer": 6,
     "bin": 7,
 }
