@@ -35,7 +35,6 @@ import time
 from tf_agents.utils import common
 
 from alf_async.learning.hooks import EvaluationHook
-from alf_async.learning.learner import crossed
 
 
 class PolicySnapshot(object):
@@ -114,12 +113,7 @@ class BackgroundEvaluationHook(EvaluationHook):
 
     def after_iteration(self, learner, train_step_before, train_step):
         self._record_finished(learner, wait=False)
-        if train_step > train_step_before and crossed(train_step_before, train_step,
-                                                      self._interval):
-            if self._running is not None:
-                self.not_made += 1
-            else:
-                self._start(learner, train_step)
+        super().after_iteration(learner, train_step_before, train_step)
 
     def end(self, learner, stopped_by):
         if stopped_by == "stop_event":
@@ -139,7 +133,11 @@ class BackgroundEvaluationHook(EvaluationHook):
         if hasattr(self._snapshot, "trace"):
             self._snapshot.trace()
 
-    def _start(self, learner, step):
+    def _evaluate(self, learner, step):
+        """Starts the evaluation due at `step` on the thread, unless one runs."""
+        if self._running is not None:
+            self.not_made += 1
+            return
         learner.warm_up.wait("eval")
         self._snapshot()
         if self._executor is None:
