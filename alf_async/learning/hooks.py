@@ -51,8 +51,7 @@ class SummaryHook(Hook):
         self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
 
     def after_iteration(self, learner, train_step_before, train_step):
-        if train_step > train_step_before and crossed(train_step_before, train_step,
-                                                      self._interval):
+        if crossed(train_step_before, train_step, self._interval):
             self._write(learner, train_step)
 
     def end(self, learner, stopped_by):
@@ -118,8 +117,7 @@ class EvaluationHook(Hook):
         learner.warm_up.submit("eval", self._evaluator.trace)
 
     def after_iteration(self, learner, train_step_before, train_step):
-        if train_step > train_step_before and crossed(train_step_before, train_step,
-                                                      self._interval):
+        if crossed(train_step_before, train_step, self._interval):
             self._evaluate(learner, train_step)
 
     def end(self, learner, stopped_by):
@@ -165,8 +163,7 @@ class CheckpointHook(Hook):
         self._replay = replay
 
     def after_iteration(self, learner, train_step_before, train_step):
-        if train_step > train_step_before and crossed(train_step_before, train_step,
-                                                      self._interval):
+        if crossed(train_step_before, train_step, self._interval):
             self._save(learner)
 
     def end(self, learner, stopped_by):
@@ -231,8 +228,8 @@ class StopWaker(Hook):
 
     Threads: `begin` (the learner's thread, after every other hook began:
     this one is the last) starts a daemon thread that polls the event every
-    0.1 s; `end` and `close` (the learner's thread, on every exit path)
-    end and join it.
+    0.1 s; `close` (the learner's thread, on every exit path, after every
+    hook's `end`) ends and joins it.
     """
 
     def __init__(self, stop_event):
@@ -253,9 +250,6 @@ class StopWaker(Hook):
                 except Exception:  # pylint: disable=broad-except  (learner.run raises it)
                     pass
                 return
-
-    def end(self, learner, stopped_by):
-        self.close(learner)
 
     def close(self, learner):
         self._closed.set()
