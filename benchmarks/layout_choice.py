@@ -7,8 +7,9 @@ candidate layout it could have measured is measured in alternating rounds
 --seconds after its first batch, with the same driver measurement
 (`layout.measure_rate`: the learner only dequeues). Prints, per workload:
 every candidate's predicted and measured rate (median of the rounds), the
-choice, the best of the table, the ratio choice / best, and the seconds
-`choose_layout` spent measuring.
+choice, the best of the table, the ratio choice / best, the seconds
+`choose_layout` spent measuring, and the table's noise floor (`noise_floor`:
+how the fastest of one round fares in the others).
 
 Workloads (the four of the collection benchmarks, and one no test has seen):
 
@@ -167,7 +168,25 @@ def run_workload(name, args):
     print(f"{name}: chose {layout_lib.format_layout(choice.layout)} "
           f"({len(choice.rates)} measured in {choice.secs:.1f} s); best "
           f"{layout_lib.format_layout(best)}; chosen / best = {ratio:.3f}", flush=True)
-    return ratio, choice.secs
+    floor = noise_floor(rates)
+    if floor:
+        print(f"{name}: noise floor: the fastest of one whole round, in each other round, "
+              f"over that round's fastest: median {statistics.median(floor):.3f}, "
+              f"min {min(floor):.3f} ({len(floor)} pairs)", flush=True)
+    return ratio, choice.secs, statistics.median(floor) if floor else float("nan")
+
+
+def noise_floor(rates):
+    """For each ordered pair of rounds (i, j): the rate in round j of round
+    i's fastest layout, over round j's fastest. A chooser that measured
+    every candidate for --seconds, as the table does, scores this against
+    the table; where it falls under 1, the table's gaps are its noise."""
+    rounds = len(next(iter(rates.values())))
+    ratios = []
+    for i, j in itertools.permutations(range(rounds), 2):
+        pick = max(rates, key=lambda layout: rates[layout][i])
+        ratios.append(rates[pick][j] / max(values[j] for values in rates.values()))
+    return ratios
 
 
 def main():
@@ -184,9 +203,9 @@ def main():
     summary = {}
     for name in args.workloads:
         summary[name] = run_workload(name, args)
-    print("\nworkload      chosen / best   seconds measuring")
-    for name, (ratio, secs) in summary.items():
-        print(f"{name:13s} {ratio:13.3f} {secs:19.1f}")
+    print("\nworkload      chosen / best   seconds measuring   noise floor (median)")
+    for name, (ratio, secs, floor) in summary.items():
+        print(f"{name:13s} {ratio:13.3f} {secs:19.1f} {floor:22.3f}")
 
 
 if __name__ == "__main__":
