@@ -466,8 +466,9 @@ def one_run(args):
         for name, set_threads in (
                 ("train.inter_op_threads", tf.config.threading.set_inter_op_parallelism_threads),
                 ("train.intra_op_threads", tf.config.threading.set_intra_op_parallelism_threads)):
-            if _query(name, None) is not None:
-                set_threads(_query(name, None))
+            threads = _query(name, None)
+            if threads is not None:
+                set_threads(threads)
         record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
     record["gin_config"] = config
     print(json.dumps(record), flush=True)
