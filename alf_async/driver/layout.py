@@ -359,8 +359,9 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
 
     Returns:
         [Layout]: the best predicted (`predicted_rate`) of each number of
-            env threads and place, best first, in process and in child
-            processes in turn, then the others, best first.
+            env threads and place, best first: two in process, then in
+            child processes and in process in turn; then the others, best
+            first.
     """
     max_threads = max_threads or 4 * profile_.cores
     fixed = profile_.fixed_batch_size
@@ -393,8 +394,13 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
         if (layout.num_envs, layout.processes) not in seen:
             seen.add((layout.num_envs, layout.processes))
             firsts[layout.processes].append(layout)
-    turns = [layout for pair in itertools.zip_longest(firsts[False], firsts[True])
-             for layout in pair if layout is not None]
+    # Two in-process splits come before the first child-process one: a
+    # child-process candidate can take most of the budget to start (64
+    # children), and the model's ranking of one env thread against two is
+    # least sure where a step is cheap.
+    turns = firsts[False][:2] + [
+        layout for pair in itertools.zip_longest(firsts[True], firsts[False][2:])
+        for layout in pair if layout is not None]
     return turns + [layout for layout in ranked if layout not in turns]
 
 
