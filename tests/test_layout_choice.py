@@ -77,7 +77,8 @@ def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_earl
 
 def test_two_in_process_splits_come_first_then_child_processes_take_turns():
     # Children are predicted faster here (a step's CPU runs beside the
-    # GIL), yet the first candidate is in process, and the places alternate.
+    # GIL), yet the first two candidates are in process; then the places
+    # alternate.
     profile = layout_lib.Profile(step_secs=2e-3, step_cpu_secs=2e-3, step_gil_secs=2e-3,
                                  rows_stepped=False, receives=False,
                                  inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3}, cores=2)
