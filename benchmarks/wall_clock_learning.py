@@ -462,13 +462,9 @@ def one_run(args):
         record = run_alf_async(args.seed, seconds, args.root_dir, args.raw_secs)
     else:
         # The same TF thread pools as train() sets from the gin file.
-        import tensorflow as tf
-        for name, set_threads in (
-                ("train.inter_op_threads", tf.config.threading.set_inter_op_parallelism_threads),
-                ("train.intra_op_threads", tf.config.threading.set_intra_op_parallelism_threads)):
-            threads = _query(name, None)
-            if threads is not None:
-                set_threads(threads)
+        from alf_async.trainer import _set_threads
+        _set_threads(_query("train.inter_op_threads", None),
+                     _query("train.intra_op_threads", None))
         record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
     record["gin_config"] = config
     print(json.dumps(record), flush=True)
