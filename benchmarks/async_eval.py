@@ -27,11 +27,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from child_runs import json_result, time_evaluations  # benchmarks/ is this script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,20 +49,9 @@ def run_one(gin_file, gin_params, async_eval, seconds, seed, slow_cartpole_ms=No
                      kwargs={"step_secs": slow_cartpole_ms / 1000.0})
 
     from alf_async import trainer
-    from alf_async.learning import evaluation
 
     gin.parse_config_files_and_bindings([gin_file], gin_params)
-    eval_secs = []
-    call = evaluation.Evaluator.__call__
-
-    def timed(self):
-        start = time.monotonic()
-        try:
-            return call(self)
-        finally:
-            eval_secs.append(time.monotonic() - start)
-
-    evaluation.Evaluator.__call__ = timed
+    eval_secs = time_evaluations()
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     cpu = time.process_time()
@@ -110,9 +100,9 @@ def main():
                            ["--slow_cartpole_ms", str(args.slow_cartpole_ms)]
                            if args.slow_cartpole_ms is not None else []) + sum(
                            (["--gin_param", p] for p in args.gin_param), [])
-            out = subprocess.run(command, capture_output=True, text=True, check=True,
-                                 env=dict(os.environ, PYTHONPATH=REPO)).stdout
-            record = json.loads(out.strip().splitlines()[-1])
+            record = json_result(command, args.seconds + 300,
+                                 f"round {round_} async_eval {side} run",
+                                 env=dict(os.environ, PYTHONPATH=REPO))
             record["round"] = round_
             records.append(record)
             by_side[side] = record

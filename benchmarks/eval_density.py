@@ -21,10 +21,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
-import time
+
+from child_runs import json_result, time_evaluations  # benchmarks/ is this script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
@@ -36,21 +36,8 @@ def one_run(args):
     import gin
 
     from alf_async import trainer
-    from alf_async.learning import evaluation
 
-    # The seconds each evaluation takes, timed around Evaluator's call (the
-    # whole of an evaluation: its graph call on the learner's thread).
-    eval_secs = []
-    evaluate = evaluation.Evaluator.__call__
-
-    def timed(self):
-        start = time.perf_counter()
-        try:
-            return evaluate(self)
-        finally:
-            eval_secs.append(time.perf_counter() - start)
-    evaluation.Evaluator.__call__ = timed
-
+    eval_secs = time_evaluations()
     gin.parse_config_files_and_bindings(
         [args.gin_file], args.gin_param + [f"train.eval_interval = {args.interval}"])
     stop = threading.Event()
@@ -70,13 +57,7 @@ def spawn(seed, interval, args, root_dir):
     cmd = [sys.executable, os.path.abspath(__file__), "--one", "--seed", str(seed),
            "--interval", str(interval), "--cap", str(args.cap), "--gin_file", args.gin_file,
            "--root_dir", root_dir] + sum((["--gin_param", p] for p in args.gin_param), [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cap + 180)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"run for seed {seed}, interval {interval} failed (exit "
-                       f"{proc.returncode}):\n{proc.stderr[-3000:]}")
-
+    return json_result(cmd, args.cap + 180, f"run for seed {seed}, interval {interval}")
 
 def summarize(runs, intervals, cap):
     """Prints one line per interval (see the module docstring)."""

@@ -21,11 +21,11 @@ each with alf_async's EagerTensor leak fix (the default) and without it
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
+from child_runs import json_result  # benchmarks/ is this script's directory
 from soak import rss_mb  # benchmarks/ is this script's directory
 
 
@@ -74,12 +74,7 @@ def spawn(blocking, fix, args):
     env = dict(os.environ, ALF_ASYNC_EAGER_TENSOR_FIX="1" if fix else "0")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "blocking" if blocking else "graph",
            "--seconds", str(args.seconds), "--sample_secs", str(args.sample_secs)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                         timeout=args.seconds + 300)
-    for line in reversed(out.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"child failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json_result(cmd, args.seconds + 300, "child", env=env)
 
 
 def main():

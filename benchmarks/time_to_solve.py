@@ -49,10 +49,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
+
+from child_runs import json_result  # benchmarks/ is this script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
@@ -192,12 +193,7 @@ def spawn(kind, seed, args, root_dir):
            "--cap", str(args.cap), "--gin_file", args.gin_file,
            "--sync_env", sync_env or "suite_gym", "--sync_prebuild", "yes" if prebuilt else "no",
            "--root_dir", root_dir] + sum((["--gin_param", p] for p in args.gin_param), [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cap + 180)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"{kind} run for seed {seed} failed (exit {proc.returncode}):\n"
-                       f"{proc.stderr[-3000:]}")
+    return json_result(cmd, args.cap + 180, f"{kind} run for seed {seed}")
 
 
 def main():
