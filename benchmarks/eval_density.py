@@ -22,32 +22,17 @@ import os
 import shutil
 import statistics
 import sys
-import threading
 
 from child_runs import json_result, time_evaluations  # benchmarks/ is this script's directory
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
-SOLVED = 195.0
+from time_to_solve import DEFAULT_GIN, _parse_gin, run_async
 
 
 def one_run(args):
-    """One trainer.train() run in this process; prints its JSON line."""
-    import gin
-
-    from alf_async import trainer
-
+    """One capped trainer.train() run in this process (time_to_solve's);
+    prints its JSON line."""
     eval_secs = time_evaluations()
-    gin.parse_config_files_and_bindings(
-        [args.gin_file], args.gin_param + [f"train.eval_interval = {args.interval}"])
-    stop = threading.Event()
-    timer = threading.Timer(args.cap, stop.set)
-    timer.start()
-    try:
-        result = trainer.train(args.root_dir, seed=args.seed, stop_at_eval_return=SOLVED,
-                               stop_event=stop, print_fn=lambda line: None)
-    finally:
-        timer.cancel()
+    _parse_gin(args.gin_file, args.gin_param + [f"train.eval_interval = {args.interval}"])
+    result = run_async(args.seed, args.cap, args.root_dir)
     print(json.dumps({"secs": result.solved_secs, "train_steps": int(result.global_step),
                       "points": len(result.evaluations), "eval_secs": sum(eval_secs)}),
           flush=True)
@@ -58,6 +43,7 @@ def spawn(seed, interval, args, root_dir):
            "--interval", str(interval), "--cap", str(args.cap), "--gin_file", args.gin_file,
            "--root_dir", root_dir] + sum((["--gin_param", p] for p in args.gin_param), [])
     return json_result(cmd, args.cap + 180, f"run for seed {seed}, interval {interval}")
+
 
 def summarize(runs, intervals, cap):
     """Prints one line per interval (see the module docstring)."""

@@ -146,14 +146,18 @@ def run_workload(name, args):
                                       budget_secs=args.budget)
     table_layouts = layout_lib.candidates(choice.profile, rows,
                                           processes=make_children is not None)
+
+    def measure(layout):
+        builder = make_children if layout.processes else make
+        return layout_lib.measure_rate(builder, policy, layout, args.seconds)
+
     rates = {layout: [] for layout in table_layouts}
     order = list(table_layouts)
     rng = random.Random(0)
     for _ in range(args.rounds):
         rng.shuffle(order)
         for layout in order:
-            builder = make_children if layout.processes else make
-            rates[layout].append(layout_lib.measure_rate(builder, policy, layout, args.seconds))
+            rates[layout].append(measure(layout))
     medians = {layout: statistics.median(values) for layout, values in rates.items()}
     best = max(medians, key=medians.get)
     print(f"\n== {name}: {rows} environments; profile: step {choice.profile.step_secs * 1e6:.0f} "
@@ -182,12 +186,12 @@ def run_workload(name, args):
         print(f"{name}: noise floor: the fastest of one whole round, in each other round, "
               f"over that round's fastest: median {statistics.median(floor):.3f}, "
               f"min {min(floor):.3f} ({len(floor)} pairs)", flush=True)
-    head = 1.0 if choice.layout == best else float("nan")
-    if choice.layout != best and args.head_to_head:
-        head = head_to_head(choice.layout, best, args.head_to_head,
-                            lambda layout: layout_lib.measure_rate(
-                                make_children if layout.processes else make, policy, layout,
-                                args.seconds))
+    if choice.layout == best:
+        head = 1.0
+    elif args.head_to_head:
+        head = head_to_head(choice.layout, best, args.head_to_head, measure)
+    else:
+        head = float("nan")
     print(f"{name}: head to head, chosen / best = {head:.3f}", flush=True)
     return ratio, choice.secs, statistics.median(floor) if floor else float("nan"), head
 

@@ -68,17 +68,18 @@ def _parse_gin(gin_file, extra):
 
 
 def run_async(seed, cap, root_dir):
-    """One trainer.train() run; returns seconds to solve (None if not within cap)."""
+    """One trainer.train() run on the parsed gin config, stopped at the first
+    evaluation >= SOLVED or after `cap` seconds; returns its TrainResult
+    (`solved_secs` None if it did not solve within cap)."""
     from alf_async import trainer
     stop = threading.Event()
     timer = threading.Timer(cap, stop.set)
     timer.start()
     try:
-        result = trainer.train(root_dir, seed=seed, stop_at_eval_return=SOLVED, stop_event=stop,
-                               print_fn=lambda line: None)
+        return trainer.train(root_dir, seed=seed, stop_at_eval_return=SOLVED, stop_event=stop,
+                             print_fn=lambda line: None)
     finally:
         timer.cancel()
-    return result.solved_secs, result.env_steps
 
 
 def run_sync(seed, cap, sync_env, prebuild):
@@ -179,7 +180,8 @@ def _run_sync_unrolls(env, eval_env, global_step, cap, eval_interval):
 def one_run(args):
     _parse_gin(args.gin_file, args.gin_param)
     if args.one == "async":
-        secs, env_steps = run_async(args.seed, args.cap, args.root_dir)
+        result = run_async(args.seed, args.cap, args.root_dir)
+        secs, env_steps = result.solved_secs, result.env_steps
     else:
         secs, env_steps = run_sync(args.seed, args.cap, args.sync_env,
                                    args.sync_prebuild == "yes")
