@@ -51,6 +51,7 @@ import tensorflow as tf
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
 
 from alf_async.driver import layout as layout_lib
+from alf_async.driver import layout_model
 from alf_async.environments import suites
 from alf_async.learning import agents
 from alf_async.testing.policies import dqn_collect_policy
@@ -144,7 +145,7 @@ def run_workload(name, args):
     make, make_children, policy, rows = workload(name, args)
     choice = layout_lib.choose_layout(make, policy, rows, process_env_constructor=make_children,
                                       budget_secs=args.budget)
-    table_layouts = layout_lib.candidates(choice.profile, rows,
+    table_layouts = layout_model.candidates(choice.profile, rows,
                                           processes=make_children is not None)
 
     def measure(layout):
@@ -174,7 +175,7 @@ def run_workload(name, args):
         if layout == choice.layout:
             mark += "  <- chosen"
         print(f"{layout_lib.format_layout(layout):58s} "
-              f"{layout_lib.predicted_rate(choice.profile, layout):10,.0f} "
+              f"{layout_model.predicted_rate(choice.profile, layout):10,.0f} "
               f"{medians[layout]:10,.0f} "
               f"{' / '.join(f'{v:,.0f}' for v in rates[layout]):>20s}  {mark}")
     ratio = medians[choice.layout] / medians[best]

@@ -10,6 +10,7 @@ import pytest
 from alf_async import DriverStoppedError
 from alf_async.driver import layout as layout_lib
 from alf_async.driver.layout import Layout, choose_layout, format_layout, parse_layout
+from alf_async.driver.layout_model import candidates
 from alf_async.environments import subprocess_env_constructor
 from alf_async.testing import envs
 from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
@@ -43,54 +44,6 @@ def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
         "processes'; ', receives of 4' for EnvPool), got '2x8'")
 
 
-def test_an_envpool_profile_adds_receive_sizes_and_no_processes():
-    profile = layout_lib.Profile(step_secs=2e-4, step_cpu_secs=2e-4, step_gil_secs=1e-5,
-                                 rows_stepped=True, receives=True,
-                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3},
-                                 cores=2)
-    ranked = layout_lib.candidates(profile, 8, processes=True, max_threads=2)
-    assert sorted(ranked) == sorted(
-        [Layout(1, 8, 1, 1, False, r) for r in (2, 4, 8)] +
-        [Layout(2, 4, q, 2 // q, False, r) for q in (1, 2) for r in (1, 2, 4)])
-
-
-def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_early():
-    profile = layout_lib.Profile(step_secs=1e-3, step_cpu_secs=1e-5, step_gil_secs=1e-5,
-                                 rows_stepped=False, receives=False,
-                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3,
-                                                 12: 2e-3}, cores=2)
-    ranked = layout_lib.candidates(profile, 12)
-    # Splits into at most 4 threads per core: 1, 2, 3, 4, 6 env threads; one
-    # or two actor threads (never more than env threads), each taking every
-    # waiting request.
-    assert sorted(ranked) == sorted(
-        [Layout(e, 12 // e, 1, e, False) for e in (1, 2, 3, 4, 6)] +
-        [Layout(e, 12 // e, 2, -(-e // 2), False) for e in (2, 3, 4, 6)])
-    assert len({layout.num_envs for layout in ranked[:5]}) == 5
-    firsts = ranked[:5]
-    assert [layout_lib.predicted_rate(profile, l) for l in firsts] == sorted(
-        [layout_lib.predicted_rate(profile, l) for l in firsts], reverse=True)
-    # Steps that wait 1 ms and are stepped one after another: more threads
-    # overlap more waits, so the model ranks the most threads first.
-    assert ranked[0].num_envs == 6
-
-
-def test_two_in_process_splits_come_first_then_child_processes_take_turns():
-    # Children are predicted faster here (a step's CPU runs beside the
-    # GIL), yet the first two candidates are in process; then the places
-    # alternate.
-    profile = layout_lib.Profile(step_secs=2e-3, step_cpu_secs=2e-3, step_gil_secs=2e-3,
-                                 rows_stepped=False, receives=False,
-                                 inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3}, cores=2)
-    ranked = layout_lib.candidates(profile, 4, processes=True)
-    best = max(ranked, key=lambda l: layout_lib.predicted_rate(profile, l))
-    assert best.processes
-    assert [l.processes for l in ranked[:6]] == [False, False, True, False, True, True]
-    # 1, 2 and 4 env threads, each place's best first.
-    assert {l.num_envs for l in ranked[:6] if not l.processes} == {1, 2, 4}
-    assert {l.num_envs for l in ranked[:6] if l.processes} == {1, 2, 4}
-
-
 def test_a_place_whose_candidates_take_long_is_not_measured_again_past_the_budget():
     measured = []
 
@@ -103,13 +56,19 @@ def test_a_place_whose_candidates_take_long_is_not_measured_again_past_the_budge
         raise AssertionError("measure is given: nothing is built")
 
     start = time.monotonic()
-    choose_layout(_make(), _policy(), 16, process_env_constructor=in_children,
-                  budget_secs=1.5, measure=measure)
+    choice = choose_layout(_make(), _policy(), 16, process_env_constructor=in_children,
+                           budget_secs=1.5, measure=measure)
     elapsed = time.monotonic() - start
     # The first child-process candidate was expected to take as long as an
     # in-process one and was measured; its 0.6 s then kept the others out
-    # once less than that was left, while in-process ones went on.
-    assert [l.processes for l in measured[:3]] == [False, False, True]
+    # once less than that was left, while in-process ones went on. It came
+    # after two in process, and after a variant of the first (all rates
+    # tie, so the first is the fastest) if that split has one.
+    first = measured[0]
+    variants = [l for l in candidates(choice.profile, 16, processes=True) if l != first and (
+        l.num_envs, l.env_batch_size, l.processes) == (first.num_envs, first.env_batch_size, False)]
+    assert [l.processes for l in measured[:4]] == (
+        [False, False, False, True] if variants else [False, False, True, False])
     assert 1 <= sum(l.processes for l in measured) <= 2
     assert sum(not l.processes for l in measured) > 3
     assert elapsed < 1.5 + 0.1

@@ -28,15 +28,19 @@ How it chooses, within `budget_secs`:
    its rows one by one (`BlockingStep` or `RowStepping` environments) and
    whether they come in receives (EnvPool); the policy's batched forward
    pass timed at batch sizes 1, 2, 4, ... up to `num_environments`.
-2. **Candidates** (`candidates`): every split of the rows into env threads
-   (in process, and in child processes when a constructor for them is
-   given), with one or two actor threads, ranked by a cost model of the
-   profile (`predicted_rate`): Python stepping is serialized by the GIL,
-   each request costs a fixed amount of CPU, inference runs beside it on
-   another core, waits overlap across env threads (and across the rows of
-   a row-stepped thread). The model only orders what to measure; the
-   measurement decides.
-3. **Measure** (`measure_rate`): the best-ranked candidates, each as a real
+2. **Candidates** (`layout_model.candidates`): every split of the rows
+   into env threads (in process, and in child processes when a
+   constructor for them is given), with one or two actor threads, ranked
+   by a cost model of the profile (`layout_model.predicted_rate`): Python
+   stepping is serialized by the GIL, each request costs a fixed amount of
+   CPU, inference runs beside it on another core, waits overlap across env
+   threads (and across the rows of a row-stepped thread), an actor batches
+   the requests that came while its last forward pass ran. The model only
+   orders what to measure; the measurement decides.
+3. **Measure** (`measure_rate`), in `layout_model.measuring_order`: the
+   best-ranked split of each number of env threads, and in turns with
+   them the other variants (actor threads, receive size) of the fastest
+   split measured so far; each candidate as a real
    `AsyncOffPolicyDriver` on the user's constructor and policy whose
    learner only dequeues, for a few seconds after its first batch (its
    graphs traced); env steps per second from the driver's counters. A
@@ -55,7 +59,6 @@ start-up if that alone is longer, and the stopping of the last).
 import collections
 import functools
 import inspect
-import itertools
 import os
 import re
 import threading
@@ -67,36 +70,8 @@ from tf_agents.specs import array_spec, tensor_spec
 
 from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedError
 from alf_async.driver.env_thread import blocks
+from alf_async.driver.layout_model import Layout, Profile, candidates, measuring_order
 from alf_async.environments import capabilities
-
-Layout = collections.namedtuple(
-    "Layout", ["num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
-               "processes", "recv_batch_size"], defaults=(False, None))
-Layout.__doc__ = """Where the driver's environment rows run and who serves them.
-
-num_envs: env threads; env_batch_size: rows in each one's environment;
-num_actor_queues: actor threads; actor_queue_cap: env threads' requests per
-forward pass at most; processes: environments in child processes;
-recv_batch_size: rows per receive of an EnvPool pool (None: not EnvPool, or
-its default).
-"""
-
-Profile = collections.namedtuple(
-    "Profile", ["step_secs", "step_cpu_secs", "step_gil_secs", "rows_stepped", "receives",
-                "inference_secs", "cores", "fixed_batch_size"], defaults=(None,))
-Profile.__doc__ = """What one environment and the policy cost, measured.
-
-step_secs: wall seconds of one environment step (a row's); step_cpu_secs: the CPU
-seconds the whole process spent on it (an EnvPool pool's own threads
-included); step_gil_secs: the stepping thread's CPU seconds in it (the GIL
-is held then, for a Python environment); rows_stepped: the driver steps the
-rows of a batch of these environments one by one (their waits overlap);
-receives: its rows come in receives of `recv_batch_size` (EnvPool);
-inference_secs: {batch size: seconds of one forward pass of the policy};
-cores: the cores this process may run on; fixed_batch_size: the rows of
-every environment the constructor gives (a zero-arg constructor's), None
-if it gives any batch size.
-"""
 
 LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
 LayoutChoice.__doc__ = """The fastest layout measured.
@@ -106,15 +81,6 @@ candidate measured, fastest first; profile: the `Profile` that ranked the
 candidates; secs: seconds spent profiling and measuring.
 """
 
-# The driver's CPU cost of one env thread's request (its numpy_function,
-# queue round trip, routing) and of each row in it, fitted on the
-# collection benchmarks (docs/performance.md, "Where the time goes"), and a
-# child process's pickling and pipe cost per step (latency_bound.py
-# --processes). They scale the model's terms against each other; the
-# measurement decides.
-REQUEST_SECS = 480e-6
-ROW_SECS = 8e-6
-PROCESS_STEP_SECS = 150e-6
 _ACTIONS = 16    # random actions drawn for profiling, cycled
 
 
@@ -294,116 +260,6 @@ def _time_inference(policy, time_step, num_environments, clock):
     return result
 
 
-def inference_secs(profile_, batch):
-    """Seconds of one forward pass at `batch`, interpolated between the
-    batch sizes `profile_` timed."""
-    sizes = sorted(profile_.inference_secs)
-    if batch <= sizes[0]:
-        return profile_.inference_secs[sizes[0]]
-    for low, high in zip(sizes, sizes[1:]):
-        if batch <= high:
-            f_low, f_high = profile_.inference_secs[low], profile_.inference_secs[high]
-            return f_low + (f_high - f_low) * (batch - low) / (high - low)
-    return profile_.inference_secs[sizes[-1]] * batch / sizes[-1]
-
-
-def predicted_rate(profile_, layout):
-    """Env steps per second the cost model expects of `layout` (it ranks
-    the candidates to measure; it is not a measurement).
-
-    Each env thread repeats a round: step its B rows (one after another, or
-    all at once where rows are stepped one by one or live in child
-    processes), send its request (one per receive for EnvPool), wait for the
-    forward pass of the requests waiting with it. The Python side of
-    stepping (the stepping thread's CPU in process, the pipes with
-    processes, the driver's per-request and per-row costs) holds the GIL,
-    so the env threads' Python work adds up on one core; the rest of a
-    step's CPU (EnvPool's threads, the children) and the forward passes run
-    on the other cores.
-    """
-    B, E = layout.env_batch_size, layout.num_envs
-    wait = max(profile_.step_secs - profile_.step_cpu_secs, 0.0)
-    request_rows = layout.recv_batch_size or B
-    batch = min(layout.actor_queue_cap * request_rows, E * B)
-    forward = inference_secs(profile_, batch)
-    if layout.processes:
-        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B     # GIL, per step
-        elsewhere = profile_.step_cpu_secs                          # in the children
-        env_time = profile_.step_cpu_secs + wait + B * python
-    else:
-        python = profile_.step_gil_secs + ROW_SECS + REQUEST_SECS / request_rows
-        elsewhere = profile_.step_cpu_secs - profile_.step_gil_secs
-        if profile_.rows_stepped:
-            env_time = wait + elsewhere * B / request_rows + B * python
-        else:
-            env_time = B * (python + elsewhere + wait)
-    round_secs = env_time + forward
-    limits = [
-        E * B / round_secs,                                               # the rounds
-        1.0 / python,                                                     # the GIL
-        profile_.cores / (python + elsewhere + forward / batch),          # all the cores
-        layout.num_actor_queues * batch / forward,                        # the actors
-    ]
-    return min(limits)
-
-
-def candidates(profile_, num_environments, processes=False, max_threads=None, batch_rows=None):
-    """Every layout of `num_environments` rows worth considering, best
-    predicted first: each split into env threads (at most `max_threads`,
-    default 4 per core; with `batch_rows`, only splits whose env batch size
-    divides it; with the profile's `fixed_batch_size`, only splits into env
-    batches of that size, however many threads) with one actor thread taking every waiting request, and,
-    with two env threads or more on two cores or more, two actor threads;
-    in child processes too when `processes`; for EnvPool, in process only,
-    with receives of the whole pool, half and a quarter of it.
-
-    Returns:
-        [Layout]: the best predicted (`predicted_rate`) of each number of
-            env threads and place, best first: two in process, then in
-            child processes and in process in turn; then the others, best
-            first.
-    """
-    max_threads = max_threads or 4 * profile_.cores
-    fixed = profile_.fixed_batch_size
-    layouts = []
-    for num_envs in range(1, num_environments + 1):
-        if num_environments % num_envs:
-            continue
-        rows = num_environments // num_envs
-        if (batch_rows is not None and batch_rows % rows) or (
-                rows != fixed if fixed else num_envs > max_threads):
-            continue
-        for queues in (1, 2):
-            if queues > num_envs or (queues > 1 and profile_.cores < 2):
-                continue
-            cap = -(-num_envs // queues)
-            if profile_.receives:   # EnvPool: smaller receives, sooner actions
-                layouts += [Layout(num_envs, rows, queues, cap, False, recv)
-                            for recv in sorted({rows, max(1, rows // 2), max(1, rows // 4)})]
-                continue
-            for where in ((False, True) if processes else (False,)):
-                layouts.append(Layout(num_envs, rows, queues, cap, where))
-    ranked = sorted(layouts, key=lambda layout: -predicted_rate(profile_, layout))
-    # The best of each number of env threads first, so that the first few
-    # measured differ where the model is least sure; in process and in
-    # child processes taken in turn, in process first (it starts sooner),
-    # since the model knows the children's costs least.
-    firsts = {False: [], True: []}
-    seen = set()
-    for layout in ranked:
-        if (layout.num_envs, layout.processes) not in seen:
-            seen.add((layout.num_envs, layout.processes))
-            firsts[layout.processes].append(layout)
-    # Two in-process splits come before the first child-process one: a
-    # child-process candidate can take most of the budget to start (64
-    # children), and the model's ranking of one env thread against two is
-    # least sure where a step is cheap.
-    turns = firsts[False][:2] + [
-        layout for pair in itertools.zip_longest(firsts[True], firsts[False][2:])
-        for layout in pair if layout is not None]
-    return turns + [layout for layout in ranked if layout not in turns]
-
-
 def driver_env_constructor(env_constructor, layout):
     """The driver's zero-arg env_constructor for `layout` from
     `env_constructor` (`choose_layout`'s): called with its env batch size
@@ -564,7 +420,7 @@ def choose_layout(env_constructor, policy, num_environments,
             return measure_rate(make, policy, layout, seconds, unroll_length, stop_event, clock,
                                 deadline=start + budget_secs if rates else None)
     rates, longest = [], {}   # {processes: the longest a candidate there took}
-    for layout in ranked:
+    for layout in measuring_order(ranked, rates):
         if stop_event is not None and stop_event.is_set():
             raise DriverStoppedError("measuring layouts was stopped")
         # The first of a place (child processes start slower) is expected
