@@ -152,8 +152,9 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     predicted first: each split into env threads (at most `max_threads`,
     default 4 per core; with `batch_rows`, only splits whose env batch size
     divides it; with the profile's `fixed_batch_size`, only splits into env
-    batches of that size, however many threads) with one actor thread taking every waiting request, and,
-    with two env threads or more on two cores or more, two actor threads;
+    batches of that size, however many threads) with one actor thread
+    taking every waiting request, and, with two env threads or more on two
+    cores or more, two actor threads;
     in child processes too when `processes`; for EnvPool, in process only,
     with receives of the whole pool, half and a quarter of it.
 
@@ -206,10 +207,11 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
 
 def measuring_order(ranked, rates):
     """Yields `ranked` (`candidates`) in the order to measure it: the first
-    two as ranked, then in turns the best-ranked variant not yet measured
-    (its other actor count or receive size) of the fastest split measured
-    so far, and the next as ranked. The model ranks splits into env threads
-    better than it ranks the variants of one split, whose rates lie close.
+    two as ranked, then in turns the best-ranked variant not yet yielded
+    (another actor count or receive size) of the fastest split measured so
+    far (or, if it has none left, the next as ranked), and the next as
+    ranked. The model ranks splits into env threads better than it ranks
+    the variants of one split, whose rates lie close.
 
     Args:
         ranked: [Layout], best first.
