@@ -67,9 +67,12 @@ class SyncUnrollLoop(object):
         agent: the unroll agent (its collect_policy acts; `train` trains).
         env: the batched TFEnvironment (rows in lockstep).
         steps_per_iteration: env steps (boundaries not counted) per iteration.
+        exp_observers: callables(exp, env_ids) given each iteration's
+            collected [rows, n] batch, as the driver's `exp_observers` are
+            given each dequeued batch (e.g. `metrics.EpisodeLog`).
     """
 
-    def __init__(self, agent, env, steps_per_iteration):
+    def __init__(self, agent, env, steps_per_iteration, exp_observers=()):
         import numpy as np
         import tensorflow as tf  # pylint: disable=unused-import
         from tf_agents.drivers import dynamic_step_driver
@@ -91,6 +94,7 @@ class SyncUnrollLoop(object):
         self._rows = np.arange(rows, dtype=np.int32)
         self._time_step = None
         self._policy_state = None
+        self._exp_observers = list(exp_observers)
         self.env_steps = 0
 
     def iteration(self):
@@ -103,6 +107,8 @@ class SyncUnrollLoop(object):
                                f"may have been overwritten")
         self._buffer.clear()
         self.env_steps += n * len(self._rows)   # as alf_async counts: boundaries too
+        for observer in self._exp_observers:
+            observer(exp, self._rows)
         self._replayer(exp, self._rows)
         return self._train()
 
@@ -111,10 +117,12 @@ class SyncUnrollLoop(object):
         return self._train()
 
 
-def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, peak_rss_mb):
-    """wall_clock_learning.py's synchronous side for an unroll agent: the
-    gin file's agent and evaluation, `SyncUnrollLoop` on `env` for
-    `seconds`, then the raw rate of its train call; returns the record
+def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, peak_rss_mb,
+                 num_env_steps=None, exp_observers=()):
+    """wall_clock_learning.py's (and per_frame.py's) synchronous side for an
+    unroll agent: the gin file's agent and evaluation, `SyncUnrollLoop` on
+    `env` for `seconds` (or until `num_env_steps`), then the raw rate of its
+    train call (none if `raw_secs` is 0); returns the record
     (wall_clock_learning.run_tf_agents's fields; `policy_lag` is 0: each
     batch is trained on right after it was collected, before any other
     train step).
@@ -127,6 +135,9 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
         eval_policy, raw_rate, cpu_secs, peak_rss_mb: wall_clock_learning's
             helpers (the evaluated policy of an agent; the rate measurement;
             the process's CPU seconds; its peak RSS).
+        num_env_steps: stop once this many env steps were collected (None:
+            the clock alone stops the run).
+        exp_observers: `SyncUnrollLoop`'s.
     """
     import tensorflow as tf
 
@@ -147,12 +158,13 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     agent = gin_agent_fn()(env.time_step_spec(), env.action_spec(), global_step)
     agent.initialize()
-    loop = SyncUnrollLoop(agent, env, steps_per_batch())
+    loop = SyncUnrollLoop(agent, env, steps_per_batch(), exp_observers)
     evaluator = evaluation.Evaluator(eval_env, eval_policy(agent))
     eval_interval = q("train.eval_interval")
     evaluations, eval_secs = [], 0.0
     start, cpu_start = time.monotonic(), cpu_secs()
-    while time.monotonic() - start < seconds:
+    while time.monotonic() - start < seconds and (num_env_steps is None
+                                                  or loop.env_steps < num_env_steps):
         before = int(global_step)
         loop.iteration()
         after = int(global_step)
@@ -171,7 +183,7 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
         for _ in range(k):
             loop.train_again()
 
-    raw = raw_rate(train_calls, per_call, raw_secs)
+    raw = raw_rate(train_calls, per_call, raw_secs) if raw_secs > 0 else None
     env.close()
     eval_env.close()
     return dict(evaluations=evaluations, env_steps=loop.env_steps, train_steps=train_steps,

@@ -210,3 +210,69 @@ class AverageEpisodeLength(_EpisodeAverageMetric):
         # tf-agents zeroes the length when an episode ends (its boundary step
         # then adds nothing).
         return np.where(done, 0.0, rows)
+
+
+class EpisodeLog(object):
+    """Every finished episode's undiscounted return and length, with the env
+    steps seen when it ended: the training curve published agents plot
+    (the behaviour policy's episodes, rewards as the environment gave
+    them, against frames), where `AverageReturn` keeps only a window's mean.
+
+    An experience observer: `AsyncOffPolicyDriver(exp_observers=[log])`
+    feeds it every dequeued unroll, and a synchronous loop can feed it each
+    collected batch the same way. Rows are told apart by env id, each row's
+    unrolls arriving in order; an episode's return sums the rewards of its
+    transitions (a boundary step LAST -> FIRST adds nothing), as
+    `AverageReturn` does.
+
+    Threads: `__call__` by the one thread that feeds it (the learner's, as
+    an exp observer); `episodes` and `env_steps` by any thread (the lock).
+
+    Attributes (read through the properties):
+        episodes: [(env_steps, return, length)], in the order they ended.
+            env_steps counts every transition fed so far, all rows,
+            boundaries included (as the learner counts env steps), up to
+            and including the unroll the episode ended in.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._returns = {}   # env id -> (return, length) of the episode in flight
+        self._episodes = []
+        self._env_steps = 0
+
+    def __call__(self, exp, env_ids):
+        """Counts one batch of unrolls.
+
+        Args:
+            exp: a `Trajectory` [B, T, ...] (tensors or numpy).
+            env_ids: int [B], the env id of each row.
+        """
+        step_type = np.asarray(exp.step_type)
+        next_step_type = np.asarray(exp.next_step_type)
+        reward = np.asarray(exp.reward, np.float64)
+        if reward.ndim > 2:
+            reward = reward.reshape(reward.shape[:2] + (-1,)).sum(-1)
+        with self._lock:
+            self._env_steps += step_type.size
+            for row, env_id in enumerate(np.asarray(env_ids).tolist()):
+                ret, length = self._returns.get(env_id, (0.0, 0))
+                for t in range(step_type.shape[1]):
+                    if step_type[row, t] == StepType.FIRST:
+                        ret, length = 0.0, 0
+                    if step_type[row, t] != StepType.LAST:
+                        ret, length = ret + float(reward[row, t]), length + 1
+                    if next_step_type[row, t] == StepType.LAST:
+                        self._episodes.append((self._env_steps, ret, length))
+                        ret, length = 0.0, 0
+                self._returns[env_id] = (ret, length)
+
+    @property
+    def episodes(self):
+        with self._lock:
+            return list(self._episodes)
+
+    @property
+    def env_steps(self):
+        with self._lock:
+            return self._env_steps

@@ -1,0 +1,333 @@
+"""Learning per frame: a gin file's unroll agent (PPO, IMPALA) for a number of
+env steps on either side, its training episodes and greedy evaluations
+against frames, beside a published curve.
+
+    python benchmarks/per_frame.py --gin_file gin_configs/ppo_pong.gin --sides tf_agents \
+        --seeds 0 --env_steps 1000000 --out_dir runs/per_frame
+    python benchmarks/per_frame.py --from_json runs/per_frame/*.json --marks 2.5 4
+
+Needs pip install -e '.[atari,bench]'.
+
+Published Atari curves plot the behaviour policy's training episodes (the
+game score, unclipped) against frames, not a greedy evaluation; a greedy
+Pong policy can stall at -21 (it never serves) while the one that
+collects is far above it. So each run records both:
+
+- training episodes: every finished episode of every game the agent
+  collects with (`alf_async.driver.metrics.EpisodeLog` fed each batch of
+  unrolls), its score and the env steps collected when it ended;
+- evaluations: the gin file's greedy evaluation (`train.num_eval_episodes`
+  games of `train.eval_env_kwargs`) every `--eval_every_steps` train steps.
+
+The sides:
+
+- tf_agents: tf-agents' synchronous loop for an unroll agent
+  (`unroll_sync.SyncUnrollLoop`: a DynamicStepDriver collects a batch in
+  lockstep, the agent trains on it, no policy lag); the collected batch
+  goes to the EpisodeLog as it goes to the replayer.
+- alf_async: `alf_async.trainer.train()`, the driver's dequeued batches
+  fed to the EpisodeLog as to the learner's replayer.
+
+A run stops at the first batch that brings --env_steps (1 env step = 4
+frames). Each run is a process of its own, one at a time; its record is
+saved as JSON in --out_dir (`per_frame_<name>_seed<N>_<side>.json`, with
+the host's CPU model and a calibration: the seconds of a fixed amount of
+Python and of numpy work) and `--from_json` merges records of earlier
+invocations. The per-frame figures do not depend on the host's speed (the
+synchronous side has no policy lag; alf_async's lag is counted in train
+steps and depends on it a little); the wall-clock ones do.
+
+What it prints: per run and mark (`--marks`, millions of frames), the mean
+score of the last 10 training episodes ended by then, the median over
+seeds, and the published curve's value there; and draws both curves
+beside it (`per_frame_<names>.png`).
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
+from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIDES = ("alf_async", "tf_agents")
+# Training episodes averaged for a curve's point (its games' last scores).
+WINDOW = 10
+# Published curves, (agent steps, training-episode score); see their sources
+# in wall_clock_report.py.
+REFERENCES = {
+    "ppo2_pong": ("OpenAI baselines ppo2, PongNoFrameskip-v4 (openrlbenchmark)",
+                  BASELINES_PPO2_PONG),
+    "none": (None, ()),
+}
+
+
+def host():
+    """The CPU model, cores, and the seconds of a fixed Python loop and of a
+    fixed numpy matmul (hosts of one machine kind differ several-fold)."""
+    import numpy as np
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    start = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i & 7
+    python_secs = time.perf_counter() - start
+    a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    start = time.perf_counter()
+    for _ in range(50):
+        a @ a
+    numpy_secs = time.perf_counter() - start
+    return dict(cpu=model, cores=os.cpu_count(), python_loop_secs=round(python_secs, 3),
+                numpy_matmul_secs=round(numpy_secs, 3))
+
+
+# ---------------------------------------------------------------- child runs
+
+def run_alf_async(seed, env_steps, root_dir, log):
+    """`trainer.train()` until `env_steps`, the driver's batches fed to `log`."""
+    from alf_async import trainer
+    from alf_async.learning import replayers
+
+    class LoggedReplayer(replayers.OneTimeReplayer):
+        """The gin file's OneTimeReplayer that also feeds the EpisodeLog."""
+
+        def __call__(self, exp, env_ids):
+            log(exp, env_ids)
+            super().__call__(exp, env_ids)
+
+    start = time.monotonic()
+    result = trainer.train(root_dir, seed=seed, replayer_fn=LoggedReplayer,
+                           num_env_steps=env_steps, async_eval=False)
+    return dict(env_steps=result.env_steps, train_steps=result.global_step,
+                loop_secs=time.monotonic() - start,
+                evaluations=[(secs, steps, train_step, ret)
+                             for secs, train_step, steps, ret, _ in result.evaluations])
+
+
+def run_tf_agents(seed, env_steps, log):
+    """The synchronous loop until `env_steps`, each collected batch fed to `log`."""
+    import gin
+
+    import wall_clock_learning as wcl
+    from alf_async.trainer import _set_threads
+    q = gin.query_parameter
+    _set_threads(wcl._query("train.inter_op_threads", None),
+                 wcl._query("train.intra_op_threads", None))
+    env = wcl._sync_envs("gym_batch", q("train.suite"), q("train.env_name"),
+                         q("train.num_envs") * q("train.env_batch_size"), seed)
+    record = unroll_sync.learning_run(seed, float("inf"), 0, env, wcl._eval_policy,
+                                      wcl._raw_rate, wcl._cpu_secs, wcl._peak_rss_mb,
+                                      num_env_steps=env_steps, exp_observers=[log])
+    return dict(env_steps=record["env_steps"], train_steps=record["train_steps"],
+                loop_secs=record["loop_secs"], evaluations=record["evaluations"])
+
+
+def one_run(args):
+    from alf_async.bin.train import parse_gin
+    parse_gin([args.gin_file], [f"train.eval_interval = {args.eval_every_steps}",
+                                "train.checkpoint_interval = 1000000000",
+                                "train.stop_at_eval_return = None"]   # env steps stop a run
+              + list(args.gin_bindings))
+    import gin
+    config = gin.config_str()
+    if not unroll_sync.is_unroll_task():
+        raise SystemExit(f"per_frame.py: {args.gin_file} does not train an unroll agent "
+                         f"(train.agent_fn = @ppo_agent or @impala_agent)")
+    from alf_async.driver.metrics import EpisodeLog
+    episode_log = EpisodeLog()
+    start, printed = time.monotonic(), [0]
+
+    def log(exp, env_ids):
+        """Feeds the EpisodeLog; a progress line every 51,200 env steps (stderr)."""
+        episode_log(exp, env_ids)
+        steps = episode_log.env_steps
+        if steps // 51_200 > printed[0]:
+            printed[0] = steps // 51_200
+            print(f"[per_frame] {steps:,} env steps, {time.monotonic() - start:.0f} s, "
+                  f"training score (last {WINDOW}): "
+                  f"{_fmt(recent_mean(episode_log.episodes, steps))}", file=sys.stderr,
+                  flush=True)
+
+    if args.one == "alf_async":
+        record = run_alf_async(args.seed, args.env_steps, args.root_dir, log)
+    else:
+        record = run_tf_agents(args.seed, args.env_steps, log)
+    record.update(side=args.one, seed=args.seed, name=args.name, gin_file=args.gin_file,
+                  gin_bindings=list(args.gin_bindings), gin_config=config,
+                  episodes=episode_log.episodes, host=host(), command=" ".join(sys.argv))
+    print(json.dumps(record), flush=True)
+
+
+# ---------------------------------------------------------------- the report
+
+def recent_mean(episodes, env_steps, window=WINDOW):
+    """The mean score of the last `window` training episodes ended by
+    `env_steps` (None if none had)."""
+    scores = [ret for steps, ret, _ in episodes if steps <= env_steps][-window:]
+    return sum(scores) / len(scores) if scores else None
+
+
+def reference_at(curve, env_steps):
+    """The published curve's score at `env_steps`, linearly between its
+    points (None outside them)."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= env_steps <= x1:
+            return y0 + (y1 - y0) * (env_steps - x0) / (x1 - x0)
+    return None
+
+
+def _fmt(value):
+    return "-" if value is None else f"{value:+.1f}"
+
+
+def report(records, marks, reference, out_dir):
+    """Prints the table (a row per run, then the median per name and side)
+    and draws the picture."""
+    label, curve = REFERENCES[reference]
+    steps_at = [m * 1e6 / FRAMES_PER_STEP for m in marks]
+    head = " | ".join(f"{m:g}M frames" for m in marks)
+    print(f"\nTraining-episode score (mean of the last {WINDOW} episodes) at | {head} | "
+          f"env steps | last greedy evaluation | env steps/s | host")
+    groups = {}
+    for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
+        values = [recent_mean(r["episodes"], s) for s in steps_at]
+        groups.setdefault((r["name"], r["side"]), []).append(values)
+        last_eval = r["evaluations"][-1][3] if r["evaluations"] else None
+        print(f"{r['name']} {r['side']} seed {r['seed']} | "
+              + " | ".join(_fmt(v) for v in values)
+              + f" | {r['env_steps']:,} | {_fmt(last_eval)} | "
+                f"{r['env_steps'] / r['loop_secs']:.0f} | {r['host']['cpu']}, "
+                f"python {r['host']['python_loop_secs']} s")
+    for (name, side), rows in sorted(groups.items()):
+        medians = [statistics.median([v[k] for v in rows if v[k] is not None])
+                   if any(v[k] is not None for v in rows) else None for k in range(len(marks))]
+        print(f"{name} {side} median of {len(rows)} | " + " | ".join(_fmt(m) for m in medians))
+    if curve:
+        print(f"{label} | " + " | ".join(_fmt(reference_at(curve, s)) for s in steps_at))
+    _draw(records, label, curve, out_dir)
+
+
+def _draw(records, label, curve, out_dir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no picture: pip install -e '.[bench]' brings matplotlib)")
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    names = sorted({(r["name"], r["side"]) for r in records})
+    colors = {key: f"C{i}" for i, key in enumerate(names)}
+    for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
+        key = (r["name"], r["side"])
+        episodes = r["episodes"]
+        xs = [steps * FRAMES_PER_STEP / 1e6 for steps, _, _ in episodes]
+        ys = [recent_mean(episodes, steps) for steps, _, _ in episodes]
+        first = r is next(x for x in records if (x["name"], x["side"]) == key)
+        left.plot(xs, ys, color=colors[key], lw=1.0, alpha=0.8,
+                  label=f"{key[0]} ({key[1]})" if first else None)
+        ev = r["evaluations"]
+        right.plot([e[1] * FRAMES_PER_STEP / 1e6 for e in ev], [e[3] for e in ev],
+                   color=colors[key], marker="o", ms=3, lw=1.0, alpha=0.8,
+                   label=f"{key[0]} ({key[1]})" if first else None)
+    for ax in (left, right):
+        if curve:
+            ax.plot([x * FRAMES_PER_STEP / 1e6 for x, _ in curve], [y for _, y in curve],
+                    color="black", marker="x", lw=1.0, label=label)
+        ax.set_xlabel("frames (millions)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("game score")
+    left.set_title(f"training episodes (mean of the last {WINDOW})")
+    right.set_title("greedy evaluations")
+    left.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "per_frame_" + "_".join(sorted({n for n, _ in names})) + ".png")
+    fig.savefig(path, dpi=110)
+    print(f"picture: {path}")
+
+
+# ---------------------------------------------------------------- the parent
+
+def _last_json(path):
+    """The last line of the file at `path` that is a JSON object (the child's record)."""
+    with open(path) as f:
+        lines = [line for line in f if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gin_file", default=os.path.join(REPO, "gin_configs", "ppo_pong.gin"))
+    parser.add_argument("--name", help="the runs' label (default: the gin file's name)")
+    parser.add_argument("--sides", choices=SIDES, nargs="+", default=["tf_agents"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--env_steps", type=int, default=1_000_000,
+                        help="env steps per run (4 frames each)")
+    parser.add_argument("--eval_every_steps", type=int, default=1600,
+                        help="train steps between greedy evaluations")
+    parser.add_argument("--gin_bindings", nargs="*", default=[],
+                        help="more gin bindings after the gin file's, on both sides")
+    parser.add_argument("--out_dir", default="/tmp/alf_async_per_frame")
+    parser.add_argument("--marks", type=float, nargs="+", default=[1.0, 2.5, 4.0],
+                        help="millions of frames at which the table reads the curves")
+    parser.add_argument("--reference", choices=sorted(REFERENCES), default="ppo2_pong")
+    parser.add_argument("--from_json", nargs="+", metavar="JSON",
+                        help="run nothing: report the records in these files, merged")
+    parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.name = args.name or os.path.splitext(os.path.basename(args.gin_file))[0]
+    if args.one:
+        return one_run(args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.from_json:
+        records = []
+        for path in args.from_json:
+            with open(path) as f:
+                records.append(json.load(f))
+        return report(records, args.marks, args.reference, args.out_dir)
+    records = []
+    for seed in args.seeds:
+        for side in args.sides:
+            stem = f"per_frame_{args.name}_seed{seed}_{side}"
+            root_dir = os.path.join(args.out_dir, stem)
+            shutil.rmtree(root_dir, ignore_errors=True)   # a left-over run would be resumed
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", side, "--seed",
+                   str(seed), "--name", args.name, "--gin_file", args.gin_file,
+                   "--env_steps", str(args.env_steps),
+                   "--eval_every_steps", str(args.eval_every_steps), "--root_dir", root_dir,
+                   "--gin_bindings", *args.gin_bindings]
+            started = time.monotonic()
+            log_path = os.path.join(args.out_dir, stem + ".log")
+            with open(log_path, "w") as log:
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+            record = _last_json(log_path)
+            if record is None:
+                raise RuntimeError(f"{side} run, seed {seed} failed (exit {code}); see "
+                                   f"{log_path}")
+            shutil.rmtree(root_dir, ignore_errors=True)
+            with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
+                json.dump(record, f)
+            records.append(record)
+            print(f"  {args.name} seed {seed} {side}: {record['env_steps']:,} env steps, "
+                  f"{len(record['episodes'])} training episodes, "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
+    return report(records, args.marks, args.reference, args.out_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
