@@ -26,8 +26,10 @@ from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
 from alf_async.learning import impala
-from alf_async.learning.ppo import (MinibatchPPOClipAgent, TorsoSharingActorNetwork,
-                                    TorsoValueNetwork)
+from alf_async.learning.ppo import (ADVANTAGE_NORMALIZATIONS, FreshOrthogonal,
+                                    MinibatchPPOClipAgent,
+                                    OrthogonalCategoricalProjectionNetwork,
+                                    TorsoSharingActorNetwork, TorsoValueNetwork)
 
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
@@ -232,7 +234,9 @@ def _check_count(binding, value):
 @gin.configurable
 def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_params=(64, 64),
               value_fc_layer_params=(64, 64), conv_layer_params=None, learning_rate=3e-4,
-              adam_epsilon=1e-5, num_epochs=4, num_minibatches=4, shared_torso=None):
+              adam_epsilon=1e-5, num_epochs=4, num_minibatches=4, shared_torso=None,
+              orthogonal_init=False, advantage_normalization="batch",
+              learning_rate_decay_steps=None):
     """tf-agents' PPOClipAgent with an actor-distribution and a value network
     and Adam, trained in minibatches (`ppo.MinibatchPPOClipAgent`).
 
@@ -267,6 +271,17 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         shared_torso: the value network is a head on the actor's torso
             (`value_fc_layer_params` then unused); None: shared with
             convolutions (pixels), separate without.
+        orthogonal_init: ppo2's and CleanRL's initialization of the
+            discrete actor and the shared value head: orthogonal kernels of
+            gain sqrt(2) in the torso, 0.01 for the logits and 1 for the
+            value, zero biases. False: tf-agents' (Glorot-uniform torso,
+            variance-scaling logits scaled by 0.1).
+        advantage_normalization: 'batch', 'minibatch' (ppo2, CleanRL) or
+            'none' (`MinibatchPPOClipAgent`).
+        learning_rate_decay_steps: the learning rate falls linearly from
+            `learning_rate` to 0 over this many gradient steps (ppo2's and
+            CleanRL's annealing over the whole run: num_env_steps / batch x
+            epochs x minibatches), then stays 0; None: constant.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
     _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
@@ -275,6 +290,11 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     _check_number("ppo_agent.adam_epsilon", adam_epsilon, low=0.0, low_open=True)
     _check_count("ppo_agent.num_epochs", num_epochs)
     _check_count("ppo_agent.num_minibatches", num_minibatches)
+    if learning_rate_decay_steps is not None:
+        _check_count("ppo_agent.learning_rate_decay_steps", learning_rate_decay_steps)
+    if advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
+        raise ValueError(f"ppo_agent.advantage_normalization must be one of "
+                         f"{ADVANTAGE_NORMALIZATIONS}, got {advantage_normalization!r}")
     observation_spec = time_step_spec.observation
     scale = _scale_pixels(observation_spec)
     discrete = action_spec.dtype.is_integer
@@ -288,12 +308,21 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         raise ValueError("ppo_agent.shared_torso: the value head shares the torso of the "
                          "discrete actor (ActorDistributionNetwork); continuous actions have "
                          "tf-agents' MuJoCo actor, with no torso to share")
+    if orthogonal_init and not discrete:
+        raise ValueError("ppo_agent.orthogonal_init: ppo2's initialization is for the discrete "
+                         "actor; continuous actions have tf-agents' MuJoCo actor")
+    initializers = {}
+    if orthogonal_init:
+        initializers = dict(
+            kernel_initializer=FreshOrthogonal(2.0 ** 0.5),
+            discrete_projection_net=OrthogonalCategoricalProjectionNetwork)
     if discrete:
         actor_class = (TorsoSharingActorNetwork if shared_torso else
                        actor_distribution_network.ActorDistributionNetwork)
         actor_net = actor_class(
             observation_spec, action_spec, preprocessing_layers=scale, conv_layer_params=conv,
-            fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation)
+            fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation,
+            **initializers)
     else:
         actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
             tuple(actor_fc_layer_params), action_spec)
@@ -303,11 +332,18 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         value_net = value_network.ValueNetwork(
             observation_spec, preprocessing_layers=_scale_pixels(observation_spec),
             conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
-            activation_fn=activation)
-    optimizer = tf.keras.optimizers.Adam(learning_rate, epsilon=adam_epsilon)
+            activation_fn=activation,
+            kernel_initializer=initializers.get("kernel_initializer"))
+    rate = learning_rate
+    if learning_rate_decay_steps is not None:
+        # Keyed on the optimizer's iterations: one per gradient (minibatch) step.
+        rate = tf.keras.optimizers.schedules.PolynomialDecay(
+            learning_rate, learning_rate_decay_steps, end_learning_rate=0.0, power=1.0)
+    optimizer = tf.keras.optimizers.Adam(rate, epsilon=adam_epsilon)
     agent = MinibatchPPOClipAgent(
         time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,
         value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
+        advantage_normalization=advantage_normalization,
         train_step_counter=train_step_counter)
     _LEARNING_RATE_BINDINGS[agent._optimizer] = "ppo_agent.learning_rate"
     build_optimizer(agent._optimizer, agent.variables_to_train())

@@ -18,7 +18,9 @@ unroll preceded by the step its previous unroll ended with), and one
 3. one gradient step of tf-agents' clipped PPO loss (`get_loss`: the
    policy-gradient, value and entropy terms, ratio against the behaviour
    policy's `dist_params` recorded at act time) per minibatch, with the
-   advantages normalized over the batch's valid transitions.
+   advantages normalized over each minibatch's valid transitions (ppo2,
+   CleanRL: `advantage_normalization='minibatch'`) or over the batch's
+   (tf-agents' PPOAgent: 'batch').
 
 So one `train()` is num_epochs x num_minibatches gradient steps and
 advances `train_step_counter` by as many, as tf-agents' PPO advances it
@@ -41,7 +43,7 @@ import tensorflow as tf
 from tf_agents.agents import tf_agent
 from tf_agents.agents.ppo import ppo_clip_agent, ppo_utils
 from tf_agents.agents.ppo.ppo_agent import PPOLossInfo
-from tf_agents.networks import actor_distribution_network, network
+from tf_agents.networks import actor_distribution_network, categorical_projection_network, network
 from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common, nest_utils, object_identity, value_ops
 
@@ -81,6 +83,47 @@ class TorsoSharingActorNetwork(actor_distribution_network.ActorDistributionNetwo
         return hidden
 
 
+class FreshOrthogonal(tf.keras.initializers.Initializer):
+    """Keras' `Orthogonal(gain)`, a new one for each kernel: one unseeded
+    Keras initializer returns the same values on every call, and tf-agents'
+    networks call their one `kernel_initializer` for every layer.
+
+    Args:
+        gain: the orthogonal matrix's multiplier.
+    """
+
+    def __init__(self, gain=1.0):
+        self.gain = gain
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        return tf.keras.initializers.Orthogonal(self.gain)(shape, dtype=dtype, **kwargs)
+
+    def get_config(self):
+        return {"gain": self.gain}
+
+
+class OrthogonalCategoricalProjectionNetwork(
+        categorical_projection_network.CategoricalProjectionNetwork):
+    """tf-agents' categorical (logits) head with an orthogonal kernel of
+    `gain` and zero biases: ppo2's and CleanRL's policy head (gain 0.01, so
+    the first policy is near uniform whatever the torso gives). tf-agents'
+    own head scales a variance-scaling kernel by `logits_init_output_factor`
+    (0.1) and offers no orthogonal one.
+
+    Args:
+        sample_spec: the discrete action spec.
+        gain: the orthogonal initializer's gain.
+        name: the network's name.
+    """
+
+    def __init__(self, sample_spec, gain=0.01, name="OrthogonalCategoricalProjectionNetwork"):
+        super().__init__(sample_spec, name=name)
+        self._projection_layer = tf.keras.layers.Dense(
+            self._output_shape.num_elements(),
+            kernel_initializer=tf.keras.initializers.Orthogonal(gain),
+            bias_initializer=tf.keras.initializers.Zeros(), name="logits")
+
+
 class TorsoValueNetwork(network.Network):
     """A value head on the torso of a `TorsoSharingActorNetwork`: one torso
     for the policy and the value, as OpenAI baselines' ppo2, CleanRL's
@@ -106,6 +149,9 @@ class TorsoValueNetwork(network.Network):
         return tf.squeeze(self._head(hidden), -1), network_state
 
 
+ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
+
+
 class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
     """PPOClipAgent with minibatched epochs over its batch's transitions.
 
@@ -113,20 +159,28 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
         *args: `PPOClipAgent`'s positional arguments.
         num_minibatches: minibatches each pass is split into (transitions
             that do not divide evenly are left out of that pass).
+        advantage_normalization: where the advantages are normalized to
+            mean 0 and standard deviation 1: 'batch' (over the batch's valid
+            transitions, once, as tf-agents' PPOAgent), 'minibatch' (over
+            each minibatch's, as ppo2 and CleanRL) or 'none'.
         **kwargs: `PPOClipAgent`'s keyword arguments (num_epochs: passes
             over each batch; compute_value_and_advantage_in_train must
             stay True).
     """
 
-    def __init__(self, *args, num_minibatches=1, **kwargs):
+    def __init__(self, *args, num_minibatches=1, advantage_normalization="batch", **kwargs):
         if not isinstance(num_minibatches, int) or isinstance(num_minibatches, bool) or (
                 num_minibatches < 1):
             raise ValueError(f"num_minibatches must be an int >= 1, got {num_minibatches!r}")
+        if advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
+            raise ValueError(f"advantage_normalization must be one of "
+                             f"{ADVANTAGE_NORMALIZATIONS}, got {advantage_normalization!r}")
         if not kwargs.get("compute_value_and_advantage_in_train", True):
             raise ValueError("MinibatchPPOClipAgent computes values and advantages in train(): "
                              "compute_value_and_advantage_in_train must be True")
         super().__init__(*args, **kwargs)
         self._num_minibatches = num_minibatches
+        self._advantage_normalization = advantage_normalization
 
     @property
     def num_minibatches(self):
@@ -135,6 +189,10 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
     @property
     def num_epochs(self):
         return self._num_epochs
+
+    @property
+    def advantage_normalization(self):
+        return self._advantage_normalization
 
     def variables_to_train(self):
         """The actor's and value network's trainable variables, deduplicated
@@ -186,7 +244,8 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
             advantages=processed.policy_info["advantage"],
             dist_params=processed.policy_info["dist_params"],
             old_values=processed.policy_info["value_prediction"], weights=valid))
-        batch["advantages"] = _normalized(batch["advantages"], batch["weights"])
+        if self._advantage_normalization == "batch":
+            batch["advantages"] = _normalized(batch["advantages"], batch["weights"])
         n = tf.shape(batch["weights"])[0]
         size = n // self._num_minibatches
         order = tf.concat([tf.random.shuffle(tf.range(n)) for _ in range(self._num_epochs)],
@@ -198,6 +257,8 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
             start = (i // self._num_minibatches) * n + (i % self._num_minibatches) * size
             index = order[start:start + size]
             mb = tf.nest.map_structure(lambda t: tf.gather(t, index)[:, None], batch)
+            if self._advantage_normalization == "minibatch":
+                mb["advantages"] = _normalized(mb["advantages"], mb["weights"])
             # One minibatch's summaries would stand for the update: the update's
             # means are written after the loop instead.
             with tf.GradientTape() as tape, tf.summary.record_if(False):

@@ -1,0 +1,207 @@
+"""ppo_agent's settings from the published PPO (OpenAI baselines' ppo2,
+CleanRL's ppo_atari), each checked exactly: advantages normalized per
+minibatch, the learning rate's linear annealing, the value loss's weight,
+the orthogonal initializers' gains; and `metrics.EpisodeLog`, which
+records the training episodes their curves plot."""
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.trajectories import time_step as ts
+
+from alf_async.driver.metrics import EpisodeLog
+from alf_async.environments import suites
+from alf_async.learning import agents
+from alf_async.learning.ppo import MinibatchPPOClipAgent
+from test_metrics import make_traj  # noqa: E402  (tests/ is on sys.path)
+from test_unroll_agents import _collect, _linked  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+FIRST, MID, LAST = 0, 1, 2
+
+
+def _cartpole():
+    return suites.load("suite_gym", "CartPole-v0", batch_size=4, seed=0)
+
+
+class _AdvantageRecorder(MinibatchPPOClipAgent):
+    """Records the advantages and weights each gradient step's loss is given."""
+
+    def get_loss(self, time_steps, actions, act_log_probs, returns, normalized_advantages,
+                 *args, **kwargs):
+        weights = args[1] if len(args) > 1 else kwargs["weights"]
+        self.seen.append((normalized_advantages.numpy().ravel(), weights.numpy().ravel()))
+        return super().get_loss(time_steps, actions, act_log_probs, returns,
+                                normalized_advantages, *args, **kwargs)
+
+
+def _recorder_agent(env, normalization):
+    actor_net = agents.actor_distribution_network.ActorDistributionNetwork(
+        env.observation_spec(), env.action_spec(), fc_layer_params=(8,))
+    value_net = agents.value_network.ValueNetwork(env.observation_spec(), fc_layer_params=(8,))
+    agent = _AdvantageRecorder(
+        env.time_step_spec(), env.action_spec(), optimizer=tf.keras.optimizers.Adam(1e-3),
+        actor_net=actor_net, value_net=value_net, num_epochs=2, num_minibatches=3,
+        advantage_normalization=normalization, train_step_counter=tf.Variable(0, tf.int64))
+    agent.seen = []
+    return agent
+
+
+@pytest.mark.parametrize("normalization", ["minibatch", "batch"])
+def test_advantages_are_normalized_per_minibatch_or_per_batch(normalization):
+    env = _cartpole()
+    agent = _recorder_agent(env, normalization)
+    tf.random.set_seed(0)
+    exp = _linked(_collect(env, agent.collect_policy, 12))   # 4 rows x 12 transitions
+    agent.train(exp)                                          # eagerly: get_loss sees numpy
+    assert len(agent.seen) == 2 * 3
+    means, stds = [], []
+    for advantages, weights in agent.seen:
+        assert advantages.shape == (16,)                      # 48 // 3
+        valid = advantages[weights > 0]
+        means.append(valid.mean())
+        stds.append(valid.std())
+    if normalization == "minibatch":
+        np.testing.assert_allclose(means, 0.0, atol=1e-5)
+        np.testing.assert_allclose(stds, 1.0, rtol=1e-4)
+    else:
+        # Normalized once over the batch: one minibatch's mean and std are its sample's.
+        assert max(abs(m) for m in means) > 1e-3
+        assert max(abs(s - 1.0) for s in stds) > 1e-3
+        epoch = np.concatenate([a[w > 0] for a, w in agent.seen[:3]])
+        np.testing.assert_allclose([epoch.mean(), epoch.std()], [0.0, 1.0], atol=1e-4)
+
+
+def test_advantage_normalization_refuses_an_unknown_place():
+    env = _cartpole()
+    with pytest.raises(ValueError, match=r"ppo_agent.advantage_normalization must be one of "
+                                         r"\('batch', 'minibatch', 'none'\), got 'epoch'"):
+        agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
+                         advantage_normalization="epoch")
+
+
+def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps():
+    """Gradient step k (from 0) applies 2.5e-4 x (1 - k / 10), then 0."""
+    env = _cartpole()
+    agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
+                             actor_fc_layer_params=(8,), value_fc_layer_params=(8,),
+                             num_epochs=1, num_minibatches=1, learning_rate=2.5e-4,
+                             learning_rate_decay_steps=10)
+    train = tf.function(agent.train)
+    exp = _linked(_collect(env, agent.collect_policy, 3))
+    applied = []
+    for _ in range(12):
+        train(exp)
+        applied.append(float(agent._optimizer.learning_rate))  # the last step's rate
+    expected = [2.5e-4 * (1 - k / 10) for k in range(10)] + [0.0, 0.0]
+    np.testing.assert_allclose(applied, expected, rtol=1e-5, atol=1e-12)
+    assert int(agent._optimizer.iterations) == 12
+
+
+def test_learning_rate_decay_steps_must_be_a_positive_int():
+    env = _cartpole()
+    with pytest.raises(ValueError, match="ppo_agent.learning_rate_decay_steps must be an int "
+                                         ">= 1, got 0"):
+        agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
+                         learning_rate_decay_steps=0)
+
+
+def test_the_value_loss_is_the_coefficient_times_the_mean_squared_error():
+    """tf-agents' value loss has no 0.5 factor: ppo2's vf_coef 0.5 x 0.5 (x)^2
+    is value_pred_loss_coef = 0.25 here."""
+    env = _cartpole()
+    with gin.unlock_config():
+        gin.bind_parameter("PPOClipAgent.value_pred_loss_coef", 0.25)
+        gin.bind_parameter("PPOClipAgent.normalize_observations", False)
+    try:
+        agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(),
+                                 tf.Variable(0, tf.int64), actor_fc_layer_params=(8,),
+                                 value_fc_layer_params=(8,))
+    finally:
+        gin.clear_config()
+    observation = tf.constant([[0.1, -0.2, 0.3, 0.0], [1.0, 0.5, -0.5, 0.2],
+                               [0.0, 0.0, 0.0, 0.0]], tf.float32)
+    time_steps = ts.TimeStep(step_type=tf.ones([3], tf.int32), reward=tf.zeros([3]),
+                             discount=tf.ones([3]), observation=observation)
+    values, _ = agent._value_net(observation)
+    returns = tf.constant([1.0, -2.0, 0.5])
+    weights = tf.constant([1.0, 1.0, 0.0])                    # the last one masked
+    loss = agent.value_estimation_loss(time_steps, returns, weights).numpy()
+    v = values.numpy()
+    expected = 0.25 * ((1.0 - v[0]) ** 2 + (-2.0 - v[1]) ** 2) / 3.0   # mean over the batch
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+
+def _kernels(network, fragment):
+    """The kernels of `network` whose names hold `fragment`, in the order
+    they were made (Keras numbers layer names process-wide)."""
+    return [v.numpy() for v in network.trainable_weights
+            if fragment in v.name and "kernel" in v.name]
+
+
+def test_orthogonal_init_has_ppo2s_gains_and_zero_biases():
+    env = _cartpole()
+    tf.random.set_seed(1)
+    agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
+                             actor_fc_layer_params=(8, 8, 8), shared_torso=True,
+                             orthogonal_init=True)
+    agent.initialize()
+    agent.collect_policy.action(env.reset())                  # builds every layer
+    first, second, third = _kernels(agent._actor_net, "EncodingNetwork")
+    np.testing.assert_allclose(first @ first.T, 2.0 * np.eye(4), atol=1e-5)  # [4, 8]
+    np.testing.assert_allclose(second.T @ second, 2.0 * np.eye(8), atol=1e-5)
+    np.testing.assert_allclose(third.T @ third, 2.0 * np.eye(8), atol=1e-5)
+    assert not np.allclose(second, third)                     # one initializer per kernel
+    [logits] = _kernels(agent._actor_net, "logits")           # [8, 2]
+    np.testing.assert_allclose(logits.T @ logits, 1e-4 * np.eye(2), atol=1e-9)
+    [value] = _kernels(agent._value_net, "value")             # [8, 1]
+    np.testing.assert_allclose(value.T @ value, [[1.0]], atol=1e-5)
+    biases = [v.numpy() for v in agent.variables_to_train() if "bias" in v.name]
+    assert len(biases) == 5 and all(not b.any() for b in biases)
+
+
+def test_orthogonal_init_gains_on_a_convolutional_torso():
+    env = suites.load("suite_gym", "CartPole-v0", batch_size=1)  # for the action spec only
+    from tf_agents.specs import tensor_spec
+    pixels = tensor_spec.BoundedTensorSpec([12, 12, 2], tf.uint8, 0, 255)
+    time_step_spec = ts.time_step_spec(pixels)
+    agent = agents.ppo_agent(time_step_spec, env.action_spec(), tf.Variable(0, tf.int64),
+                             conv_layer_params=((4, 4, 2),), actor_fc_layer_params=(16,),
+                             orthogonal_init=True)
+    observation = tf.zeros([1, 12, 12, 2], tf.uint8)
+    agent.collect_policy.action(ts.restart(observation, batch_size=1))
+    [conv] = _kernels(agent._actor_net, "conv2d")
+    conv = conv.reshape(-1, 4)                                 # [4 * 4 * 2, 4]
+    np.testing.assert_allclose(conv.T @ conv, 2.0 * np.eye(4), atol=1e-5)
+
+
+def test_orthogonal_init_is_for_discrete_actors():
+    env = suites.load("suite_gym", "Pendulum-v1", batch_size=1)
+    with pytest.raises(ValueError, match="ppo_agent.orthogonal_init: ppo2's initialization is "
+                                         "for the discrete actor"):
+        agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
+                         orthogonal_init=True)
+
+
+def test_episode_log_records_each_episode_with_the_env_steps_it_ended_by():
+    # Two rows, their unrolls of 3 arriving in turns; row 7 ends an episode
+    # across two unrolls, row 2 ends one inside its second.
+    log = EpisodeLog()
+    row7 = make_traj(np.array([[FIRST, MID, MID]]), np.array([[MID, MID, MID]]),
+                     np.array([[1.0, 2.0, 0.5]], np.float32))
+    row2 = make_traj(np.array([[FIRST, MID, MID]]), np.array([[MID, MID, MID]]),
+                     np.array([[-1.0, 0.0, 0.0]], np.float32))
+    log(row7, np.array([7]))
+    log(row2, np.array([2]))
+    assert log.episodes == [] and log.env_steps == 6
+    both = make_traj(np.array([[MID, LAST, FIRST], [MID, MID, LAST]]),
+                     np.array([[LAST, FIRST, MID], [MID, LAST, FIRST]]),
+                     np.array([[3.0, 0.0, 4.0], [-1.0, -1.0, 0.0]], np.float32))
+    log(both, np.array([7, 2]))
+    # Row 7: 1 + 2 + 0.5 + 3 over 4 transitions; row 2: -1 - 1 - 1 over 5
+    # (a boundary transition LAST -> FIRST adds nothing).
+    assert log.episodes == [(12, 6.5, 4), (12, -3.0, 5)]
+    log(make_traj(np.array([[MID]]), np.array([[LAST]]), np.array([[2.0]], np.float32)),
+        np.array([7]))
+    assert log.episodes[-1] == (13, 6.0, 2) and log.env_steps == 13
