@@ -243,10 +243,14 @@ def _draw(records, label, curve, out_dir):
         right.plot([e[1] * FRAMES_PER_STEP / 1e6 for e in ev], [e[3] for e in ev],
                    color=colors[key], marker="o", ms=3, lw=1.0, alpha=0.8,
                    label=f"{key[0]} ({key[1]})" if first else None)
+    # The published curve as far as the runs go (and its next point).
+    last = max(r["env_steps"] for r in records)
+    shown = [p for k, p in enumerate(curve) if k == 0 or curve[k - 1][0] < last]
     for ax in (left, right):
-        if curve:
-            ax.plot([x * FRAMES_PER_STEP / 1e6 for x, _ in curve], [y for _, y in curve],
+        if shown:
+            ax.plot([x * FRAMES_PER_STEP / 1e6 for x, _ in shown], [y for _, y in shown],
                     color="black", marker="x", lw=1.0, label=label)
+        ax.set_xlim(0, last * FRAMES_PER_STEP / 1e6 * 1.05)
         ax.set_xlabel("frames (millions)")
         ax.grid(alpha=0.3)
     left.set_ylabel("game score")

@@ -21,6 +21,10 @@ metric tracks a `tf.train.experimental.PythonState` that a
 restores on load. Episodes in flight are not saved (they do not survive a
 restart anyway); counters and finished-episode buffers are.
 
+`EpisodeLog` is no step metric and is not checkpointed: an experience
+observer that keeps every finished episode's return and length with the
+env steps it ended by (the training curve published agents plot).
+
 Threads: `__call__` is called by the LogThread; `result()`, `reset()`,
 `tf_summaries()` and checkpointing by any thread. Nothing blocks except on
 the lock.
@@ -225,14 +229,13 @@ class EpisodeLog(object):
     transitions (a boundary step LAST -> FIRST adds nothing), as
     `AverageReturn` does.
 
+    `episodes` is [(env_steps, return, length)] in the order they ended,
+    where env_steps counts every transition fed so far (all rows,
+    boundaries included, as the learner counts env steps) up to and
+    including the batch the episode ended in; `env_steps` is that count now.
+
     Threads: `__call__` by the one thread that feeds it (the learner's, as
     an exp observer); `episodes` and `env_steps` by any thread (the lock).
-
-    Attributes (read through the properties):
-        episodes: [(env_steps, return, length)], in the order they ended.
-            env_steps counts every transition fed so far, all rows,
-            boundaries included (as the learner counts env steps), up to
-            and including the unroll the episode ended in.
     """
 
     def __init__(self):
@@ -269,10 +272,12 @@ class EpisodeLog(object):
 
     @property
     def episodes(self):
+        """[(env_steps, return, length)] of the finished episodes."""
         with self._lock:
             return list(self._episodes)
 
     @property
     def env_steps(self):
+        """Transitions fed so far (all rows, boundaries included)."""
         with self._lock:
             return self._env_steps
