@@ -108,13 +108,16 @@ def run_alf_async(seed, env_steps, root_dir, log):
             log(exp, env_ids)
             super().__call__(exp, env_ids)
 
+    import wall_clock_learning as wcl
     start = time.monotonic()
     result = trainer.train(root_dir, seed=seed, replayer_fn=LoggedReplayer,
                            num_env_steps=env_steps, async_eval=False)
+    lags = [v for _, v in wcl._scalars(os.path.join(root_dir, "train"), "Learner/policy_lag")]
     return dict(env_steps=result.env_steps, train_steps=result.global_step,
                 loop_secs=time.monotonic() - start,
                 evaluations=[(secs, steps, train_step, ret)
-                             for secs, train_step, steps, ret, _ in result.evaluations])
+                             for secs, train_step, steps, ret, _ in result.evaluations],
+                policy_lag=sum(lags) / len(lags) if lags else None)
 
 
 def run_tf_agents(seed, env_steps, log):
@@ -132,7 +135,8 @@ def run_tf_agents(seed, env_steps, log):
                                       wcl._raw_rate, wcl._cpu_secs, wcl._peak_rss_mb,
                                       num_env_steps=env_steps, exp_observers=[log])
     return dict(env_steps=record["env_steps"], train_steps=record["train_steps"],
-                loop_secs=record["loop_secs"], evaluations=record["evaluations"])
+                loop_secs=record["loop_secs"], evaluations=record["evaluations"],
+                policy_lag=0.0)
 
 
 def one_run(args):
@@ -189,6 +193,12 @@ def reference_at(curve, env_steps):
     return None
 
 
+def _lag(record):
+    """The run's mean policy lag in train steps ('-' where not recorded)."""
+    lag = record.get("policy_lag")
+    return "-" if lag is None else f"{lag:.1f}"
+
+
 def _fmt(value):
     return "-" if value is None else f"{value:+.1f}"
 
@@ -200,7 +210,7 @@ def report(records, marks, reference, out_dir):
     steps_at = [m * 1e6 / FRAMES_PER_STEP for m in marks]
     head = " | ".join(f"{m:g}M frames" for m in marks)
     print(f"\nTraining-episode score (mean of the last {WINDOW} episodes) at | {head} | "
-          f"env steps | last greedy evaluation | env steps/s | host")
+          f"env steps | last greedy evaluation | env steps/s | policy lag | host")
     groups = {}
     for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
         values = [recent_mean(r["episodes"], s) for s in steps_at]
@@ -209,7 +219,7 @@ def report(records, marks, reference, out_dir):
         print(f"{r['name']} {r['side']} seed {r['seed']} | "
               + " | ".join(_fmt(v) for v in values)
               + f" | {r['env_steps']:,} | {_fmt(last_eval)} | "
-                f"{r['env_steps'] / r['loop_secs']:.0f} | {r['host']['cpu']}, "
+                f"{r['env_steps'] / r['loop_secs']:.0f} | {_lag(r)} | {r['host']['cpu']}, "
                 f"python {r['host']['python_loop_secs']} s")
     for (name, side), rows in sorted(groups.items()):
         medians = [statistics.median([v[k] for v in rows if v[k] is not None])
