@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -140,6 +141,7 @@ def run_tf_agents(seed, env_steps, log):
 
 
 def one_run(args):
+    machine = host()   # before the run: the calibration sees this run's load only
     from alf_async.bin.train import parse_gin
     parse_gin([args.gin_file], [f"train.eval_interval = {args.eval_every_steps}",
                                 "train.checkpoint_interval = 1000000000",
@@ -171,7 +173,7 @@ def one_run(args):
         record = run_tf_agents(args.seed, args.env_steps, log)
     record.update(side=args.one, seed=args.seed, name=args.name, gin_file=args.gin_file,
                   gin_bindings=list(args.gin_bindings), gin_config=config,
-                  episodes=episode_log.episodes, host=host(), command=" ".join(sys.argv))
+                  episodes=episode_log.episodes, host=machine, command=shlex.join(sys.argv))
     print(json.dumps(record), flush=True)
 
 
@@ -195,7 +197,7 @@ def reference_at(curve, env_steps):
 
 def _lag(record):
     """The run's mean policy lag in train steps ('-' where not recorded)."""
-    lag = record.get("policy_lag")
+    lag = record.get("policy_lag", 0.0 if record["side"] == "tf_agents" else None)
     return "-" if lag is None else f"{lag:.1f}"
 
 
