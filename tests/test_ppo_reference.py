@@ -52,7 +52,6 @@ def _recorder_agent(env, normalization):
 def test_advantages_are_normalized_per_minibatch_or_per_batch(normalization):
     env = _cartpole()
     agent = _recorder_agent(env, normalization)
-    tf.random.set_seed(0)
     exp = _linked(_collect(env, agent.collect_policy, 12))   # 4 rows x 12 transitions
     agent.train(exp)                                          # eagerly: get_loss sees numpy
     assert len(agent.seen) == 2 * 3
@@ -142,7 +141,6 @@ def _kernels(network, fragment):
 
 def test_orthogonal_init_has_ppo2s_gains_and_zero_biases():
     env = _cartpole()
-    tf.random.set_seed(1)
     agent = agents.ppo_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
                              actor_fc_layer_params=(8, 8, 8), shared_torso=True,
                              orthogonal_init=True)

@@ -55,6 +55,9 @@ def _perturb(variables, seed, scale=0.3):
 
 
 def test_impala_trains_against_the_behaviour_recorded_at_act_time():
+    # The network's initial weights, so that the perturbed ratio's distance
+    # from 1 does not hang on the random ops the tests before this one made.
+    tf.random.set_seed(0)
     env = _cartpole()
     agent = agents.impala_agent(env.time_step_spec(), env.action_spec(),
                                 tf.Variable(0, dtype=tf.int64), fc_layer_params=(16,))
@@ -63,8 +66,9 @@ def test_impala_trains_against_the_behaviour_recorded_at_act_time():
     # With the acting weights unchanged every importance ratio is exactly 1.
     loss = agent._loss(exp, None)[1]   # pylint: disable=protected-access
     np.testing.assert_allclose(loss.mean_rho.numpy(), 1.0, rtol=1e-6)
-    # Other weights: the ratio is pi_new / mu with mu the recorded one.
-    _perturb(agent.network.trainable_variables, seed=1)
+    # Other weights: the ratio is pi_new / mu with mu the recorded one (a
+    # perturbation of 0.3 left it within 0.01 of 1 for 2 of 6 initial seeds).
+    _perturb(agent.network.trainable_variables, seed=1, scale=1.0)
     (logits, _), _ = agent.network(exp.observation)
     log_pi = tf.nn.log_softmax(logits).numpy()
     actions = exp.action.numpy()

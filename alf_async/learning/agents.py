@@ -272,10 +272,11 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             (`value_fc_layer_params` then unused); None: shared with
             convolutions (pixels), separate without.
         orthogonal_init: ppo2's and CleanRL's initialization of the
-            discrete actor and the shared value head: orthogonal kernels of
-            gain sqrt(2) in the torso, 0.01 for the logits and 1 for the
-            value, zero biases. False: tf-agents' (Glorot-uniform torso,
-            variance-scaling logits scaled by 0.1).
+            discrete actor: orthogonal kernels of gain sqrt(2) in the torso
+            and 0.01 for the logits, zero biases (a separate value
+            network's hidden layers get gain sqrt(2) too; the shared value
+            head is orthogonal of gain 1 either way). False: tf-agents'
+            (Glorot-uniform torso, variance-scaling logits scaled by 0.1).
         advantage_normalization: 'batch', 'minibatch' (ppo2, CleanRL) or
             'none' (`MinibatchPPOClipAgent`).
         learning_rate_decay_steps: the learning rate falls linearly from
