@@ -99,6 +99,7 @@ def host():
 
 def run_alf_async(seed, env_steps, root_dir, log):
     """`trainer.train()` until `env_steps`, the driver's batches fed to `log`."""
+    import wall_clock_learning as wcl
     from alf_async import trainer
     from alf_async.learning import replayers
 
@@ -109,7 +110,6 @@ def run_alf_async(seed, env_steps, root_dir, log):
             log(exp, env_ids)
             super().__call__(exp, env_ids)
 
-    import wall_clock_learning as wcl
     start = time.monotonic()
     result = trainer.train(root_dir, seed=seed, replayer_fn=LoggedReplayer,
                            num_env_steps=env_steps, async_eval=False)
@@ -141,7 +141,7 @@ def run_tf_agents(seed, env_steps, log):
 
 
 def one_run(args):
-    machine = host()   # before the run: the calibration sees this run's load only
+    machine = host()   # before TensorFlow and the games load
     from alf_async.bin.train import parse_gin
     parse_gin([args.gin_file], [f"train.eval_interval = {args.eval_every_steps}",
                                 "train.checkpoint_interval = 1000000000",
