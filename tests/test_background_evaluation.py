@@ -219,13 +219,16 @@ def test_the_learner_trains_on_while_an_evaluation_of_its_snapshot_plays(tmp_pat
     assert written == [(s, pytest.approx(r, rel=1e-6)) for _, s, _, r, _ in hook.evaluations]
 
 
-def test_reaching_the_return_stops_the_learner_with_the_snapshots_step():
-    agent, evaluator, hook = _hook([], interval=3, stop_at_return=-1e9)
+@pytest.mark.parametrize("interval", [3, 1])
+def test_reaching_the_return_stops_the_learner_with_the_snapshots_step(interval):
+    # At interval 1 an evaluation is due at the iteration that records the
+    # solving one: none starts, since the learner stops there.
+    agent, evaluator, hook = _hook([], interval=interval, stop_at_return=-1e9)
     evaluator.gate.set()
     learner = _learner(agent, [hook])
     assert learner.run(num_train_steps=100) == "stop_at_eval_return"
-    assert [e[1] for e in hook.evaluations] == [3]
-    assert learner.train_step >= 3 and hook.solved_secs == hook.evaluations[0][0]
+    assert [e[1] for e in hook.evaluations] == [interval] and evaluator.calls == 1
+    assert learner.train_step > interval and hook.solved_secs == hook.evaluations[0][0]
     assert not evaluation_threads()
 
 

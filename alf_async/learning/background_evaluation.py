@@ -18,7 +18,8 @@ Its evaluations are those `EvaluationHook` makes, with two differences:
   it reached `stop_at_return`) at the first iteration that ends after it
   did, at the train step of its snapshot; its seconds are when it ended.
 - One evaluation runs at a time. An evaluation due while one runs is not
-  made; the last line of the run says how many were not.
+  made; the last line of the run says how many were not. None starts at
+  the iteration that records one reaching `stop_at_return`.
 
 Threads: the learner's thread calls the hook (and so takes every snapshot,
 between iterations: no train step runs meanwhile) and records every
@@ -112,7 +113,10 @@ class BackgroundEvaluationHook(EvaluationHook):
         learner.warm_up.submit("eval", self._trace)
 
     def after_iteration(self, learner, train_step_before, train_step):
+        solved_before = self.solved_secs
         self._record_finished(learner, wait=False)
+        if solved_before is None and self.solved_secs is not None:
+            return   # the learner stops at this iteration's end: no evaluation starts
         super().after_iteration(learner, train_step_before, train_step)
 
     def end(self, learner, stopped_by):
