@@ -335,12 +335,8 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
             activation_fn=activation,
             kernel_initializer=initializers.get("kernel_initializer"))
-    rate = learning_rate
-    if learning_rate_decay_steps is not None:
-        # Keyed on the optimizer's iterations: one per gradient (minibatch) step.
-        rate = tf.keras.optimizers.schedules.PolynomialDecay(
-            learning_rate, learning_rate_decay_steps, end_learning_rate=0.0, power=1.0)
-    optimizer = tf.keras.optimizers.Adam(rate, epsilon=adam_epsilon)
+    optimizer = tf.keras.optimizers.Adam(
+        _linear_decay(learning_rate, learning_rate_decay_steps), epsilon=adam_epsilon)
     agent = MinibatchPPOClipAgent(
         time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,
         value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
@@ -353,7 +349,8 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
 
 @gin.configurable
 def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_params=None,
-                 fc_layer_params=(64, 64), learning_rate=6e-4, optimizer_fn=None):
+                 fc_layer_params=(64, 64), learning_rate=6e-4, optimizer_fn=None,
+                 orthogonal_init=False, learning_rate_decay_steps=None):
     """An `impala.ImpalaAgent` (V-trace actor-critic) with one shared-torso
     `ActorCriticNetwork`; discrete actions only. Its other arguments (discount,
     entropy, coefficients, V-trace clips, gradient clipping, reward clipping)
@@ -368,21 +365,44 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
         learning_rate: the optimizer's learning rate.
         optimizer_fn: callable(learning_rate) -> a Keras optimizer
             (`@tf.keras.optimizers.RMSprop`, as IMPALA's paper); None: Adam.
+        orthogonal_init: OpenAI baselines' a2c initialization of the torso:
+            orthogonal kernels of gain sqrt(2), one initializer per kernel.
+            False: tf-agents' EncodingNetwork's (He: truncated normal,
+            variance scaling 2 over fan in). The heads are orthogonal
+            either way (gain 0.01 for the logits, 1 for the value).
+        learning_rate_decay_steps: the learning rate falls linearly from
+            `learning_rate` to 0 over this many gradient steps (one per
+            batch), as a2c's; None: constant.
     """
     conv = _check_conv("impala_agent.conv_layer_params", conv_layer_params)
     _check_layers("impala_agent.fc_layer_params", fc_layer_params)
     _check_number("impala_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    if learning_rate_decay_steps is not None:
+        _check_count("impala_agent.learning_rate_decay_steps", learning_rate_decay_steps)
     if not action_spec.dtype.is_integer or action_spec.shape.rank != 0:
         raise ValueError(f"impala_agent takes one discrete action; this environment's action "
                          f"spec is {action_spec}")
-    net = impala.ActorCriticNetwork(time_step_spec.observation, action_spec,
-                                    conv_layer_params=conv, fc_layer_params=fc_layer_params)
-    optimizer = (optimizer_fn or tf.keras.optimizers.Adam)(learning_rate)
+    net = impala.ActorCriticNetwork(
+        time_step_spec.observation, action_spec, conv_layer_params=conv,
+        fc_layer_params=fc_layer_params,
+        kernel_initializer=FreshOrthogonal(2.0 ** 0.5) if orthogonal_init else None)
+    optimizer = (optimizer_fn or tf.keras.optimizers.Adam)(
+        _linear_decay(learning_rate, learning_rate_decay_steps))
     agent = impala.ImpalaAgent(time_step_spec, action_spec, net, optimizer,
                                train_step_counter=train_step_counter)
     _LEARNING_RATE_BINDINGS[agent._optimizer] = "impala_agent.learning_rate"
     build_optimizer(agent._optimizer, net.trainable_variables)
     return agent
+
+
+def _linear_decay(learning_rate, decay_steps):
+    """`learning_rate`, or (with `decay_steps`) a schedule falling linearly
+    from it to 0 over that many of the optimizer's iterations (one per
+    gradient step)."""
+    if decay_steps is None:
+        return learning_rate
+    return tf.keras.optimizers.schedules.PolynomialDecay(
+        learning_rate, decay_steps, end_learning_rate=0.0, power=1.0)
 
 
 def _check_layers(binding, layers):
