@@ -1,6 +1,7 @@
 """impala_agent's settings from OpenAI baselines' a2c, each checked exactly:
-the torso's orthogonal initializers' gains and the learning rate's linear
-annealing (per gradient step, under RMSprop as under Adam)."""
+the torso's orthogonal initializers' gains, the learning rate's linear
+annealing (per gradient step, under RMSprop as under Adam), and the value
+loss's weight against a hand-computed batch."""
 
 import numpy as np
 import pytest
@@ -80,3 +81,35 @@ def test_learning_rate_decay_steps_must_be_a_positive_int():
                                          "int >= 1, got 0"):
         agents.impala_agent(env.time_step_spec(), env.action_spec(), tf.Variable(0, tf.int64),
                             learning_rate_decay_steps=0)
+
+
+def test_the_value_loss_is_the_coefficient_times_half_the_mean_squared_error():
+    """On-policy (every ratio 1), V-trace's targets are the unroll's n-step
+    returns: vs_t = sum_k gamma^k r_(t+k) + gamma^(T-t) V(x_T). The loss's
+    value term is value_pred_loss_coef x mean(0.5 (vs_t - V(x_t))^2), so
+    a2c's vf_coef 0.5 x mean((R - V)^2) is a coefficient of 1.0 here."""
+    env = _cartpole()
+    agent = agents.impala_agent(env.time_step_spec(), env.action_spec(),
+                                tf.Variable(0, tf.int64), fc_layer_params=(8,))
+    # [4, 5]: the first unroll's step 0 is a boundary (the linked
+    # placeholder), then 3 transitions per row, no episode ends.
+    exp = _linked(_collect(env, agent.collect_policy, 4))
+    np.testing.assert_array_equal(exp.is_boundary().numpy(), [[1, 0, 0, 0, 0]] * 4)
+    losses = {}
+    for coef in (0.0, 1.0):
+        agent._value_coef = coef                                     # pylint: disable=protected-access
+        losses[coef] = agent._loss(exp, None)                        # pylint: disable=protected-access
+    np.testing.assert_allclose(losses[1.0][1].mean_rho.numpy(), 1.0, rtol=1e-6)
+    (_, values), _ = agent.network(exp.observation)
+    values, rewards = values.numpy(), exp.reward.numpy()
+    discounts = 0.99 * exp.discount.numpy()
+    targets = np.zeros_like(values[:, 1:-1])              # transitions 1-3 of each row
+    for b in range(values.shape[0]):
+        ret = values[b, -1]
+        for t in (3, 2, 1):
+            ret = rewards[b, t] + discounts[b, t] * ret
+            targets[b, t - 1] = ret
+    expected = np.mean(0.5 * (targets - values[:, 1:-1]) ** 2)
+    np.testing.assert_allclose(losses[1.0][1].value_estimation_loss.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(losses[1.0][0].numpy() - losses[0.0][0].numpy(), expected,
+                               rtol=1e-4)
