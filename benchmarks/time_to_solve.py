@@ -41,8 +41,9 @@ It also prints, for each env-step count at which runs solved, the median
 time of each side's runs that solved there: the speed comparison without the
 luck of which evaluation each side happened to solve at.
 
-docs/performance.md ("Time to solve") has the figures it measured, with
-their dates, commits and commands.
+docs/performance.md ("Time to solve") has the current figures and their
+commands; benchmarks/results/HISTORY.md when and at which commit each was
+measured.
 """
 
 import argparse
