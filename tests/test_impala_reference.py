@@ -1,8 +1,10 @@
 """impala_agent's settings from OpenAI baselines' a2c, each checked exactly:
 the torso's orthogonal initializers' gains, the learning rate's linear
-annealing (per gradient step, under RMSprop as under Adam), and the value
-loss's weight against a hand-computed batch."""
+annealing (per gradient step, under RMSprop as under Adam), the value
+loss's weight against a hand-computed batch, and TensorFlow 1's RMSprop
+(`TF1RMSprop`), step by step."""
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +13,7 @@ from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments import suites
 from alf_async.learning import agents
+from alf_async.learning.optimizers import TF1RMSprop
 from test_ppo_reference import _kernels  # noqa: E402  (tests/ is on sys.path)
 from test_unroll_agents import _collect, _linked  # noqa: E402
 
@@ -113,3 +116,51 @@ def test_the_value_loss_is_the_coefficient_times_half_the_mean_squared_error():
     np.testing.assert_allclose(losses[1.0][1].value_estimation_loss.numpy(), expected, rtol=1e-5)
     np.testing.assert_allclose(losses[1.0][0].numpy() - losses[0.0][0].numpy(), expected,
                                rtol=1e-4)
+
+
+def test_tf1_rmsprop_starts_the_mean_square_at_one():
+    """TF1's RMSPropOptimizer, step by step: ms = rho ms + (1 - rho) g^2
+    from ms = 1, then w -= lr g / sqrt(ms + epsilon)."""
+    weights = tf.Variable([1.0, -2.0, 0.5])
+    optimizer = TF1RMSprop(0.1, rho=0.9, epsilon=1e-5)
+    grads = [np.array([0.5, 0.1, 0.0], np.float32), np.array([-0.3, 0.2, 4.0], np.float32)]
+    w, ms = np.array([1.0, -2.0, 0.5]), np.ones(3)
+    for g in grads:
+        optimizer.apply_gradients([(tf.constant(g), weights)])
+        ms = 0.9 * ms + 0.1 * g.astype(np.float64) ** 2
+        w = w - 0.1 * g / np.sqrt(ms + 1e-5)
+        np.testing.assert_allclose(weights.numpy(), w, rtol=1e-6)
+    # Keras' RMSprop from ms = 0 moves the first step ~ lr / sqrt(1 - rho) = 3.2 x lr.
+    keras = tf.Variable([1.0])
+    tf.keras.optimizers.RMSprop(0.1, rho=0.9, epsilon=1e-5).apply_gradients(
+        [(tf.constant([0.5]), keras)])
+    np.testing.assert_allclose(1.0 - keras.numpy(), 0.1 / np.sqrt(0.1 + 1e-5 / 0.25), rtol=1e-5)
+
+
+def test_impala_agent_takes_tf1_rmsprop_from_gin_and_restores_its_mean_square(tmp_path):
+    gin.clear_config()
+    try:
+        gin.parse_config(["impala_agent.optimizer_fn = @TF1RMSprop", "TF1RMSprop.rho = 0.99",
+                          "TF1RMSprop.epsilon = 1e-5"])
+        env = _cartpole()
+        agent = agents.impala_agent(env.time_step_spec(), env.action_spec(),
+                                    tf.Variable(0, tf.int64), fc_layer_params=(8,))
+    finally:
+        gin.clear_config()
+    optimizer = agent._optimizer                                   # pylint: disable=protected-access
+    assert type(optimizer).__name__ == "TF1RMSprop"
+    assert optimizer.rho == 0.99 and optimizer.epsilon == 1e-5
+    velocities = [v.numpy() for v in optimizer.variables if "velocity" in v.name]
+    assert len(velocities) == 6 and all((v == 1.0).all() for v in velocities)   # built: all 1
+    agent.train(_linked(_collect(env, agent.collect_policy, 3)))
+    trained = [v.numpy() for v in optimizer.variables if "velocity" in v.name]
+    assert all((v < 1.0).any() for v in trained)                  # one step moved each
+    checkpoint = tf.train.Checkpoint(agent=agent)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    other = agents.impala_agent(env.time_step_spec(), env.action_spec(),
+                                tf.Variable(0, tf.int64), fc_layer_params=(8,),
+                                optimizer_fn=TF1RMSprop)
+    tf.train.Checkpoint(agent=other).restore(path).assert_existing_objects_matched()
+    restored = [v.numpy() for v in other._optimizer.variables if "velocity" in v.name]  # pylint: disable=protected-access
+    for a, b in zip(trained, restored):
+        np.testing.assert_array_equal(a, b)

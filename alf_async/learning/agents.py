@@ -26,6 +26,7 @@ from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
 from alf_async.learning import impala
+from alf_async.learning import optimizers  # noqa: F401  (gin's @TF1RMSprop)
 from alf_async.learning.ppo import (ADVANTAGE_NORMALIZATIONS, FreshOrthogonal,
                                     MinibatchPPOClipAgent,
                                     OrthogonalCategoricalProjectionNetwork,
@@ -364,7 +365,8 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
         fc_layer_params: the torso's dense layers after the convolutions.
         learning_rate: the optimizer's learning rate.
         optimizer_fn: callable(learning_rate) -> a Keras optimizer
-            (`@tf.keras.optimizers.RMSprop`, as IMPALA's paper); None: Adam.
+            (`@TF1RMSprop`, as a2c's and IMPALA's code: TensorFlow 1's
+            RMSprop, `alf_async.learning.optimizers`); None: Adam.
         orthogonal_init: OpenAI baselines' a2c initialization of the torso:
             orthogonal kernels of gain sqrt(2), one initializer per kernel.
             False: tf-agents' EncodingNetwork's (He: truncated normal,
