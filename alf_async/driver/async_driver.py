@@ -104,8 +104,7 @@ class AsyncOffPolicyDriver(object):
         self._exp_observers = list(exp_observers)
         self._grace = stop_grace_period_secs
         self._envs = _make_envs(env_constructor, num_envs)
-        _warn_if_few_inter_op_threads(sum(not blocks(e) for e in self._envs),
-                                      num_actor_queues)
+        _warn_if_few_inter_op_threads(self._envs, num_actor_queues)
         try:
             self._env_batch_size = _check_specs(self._envs, policy)
             self._build(num_envs, num_actor_queues, actor_queue_cap, observers, metrics)
@@ -330,30 +329,42 @@ class AsyncOffPolicyDriver(object):
 _warned_inter_op = False
 
 
-def _warn_if_few_inter_op_threads(num_envs, num_actor_queues):
-    """Each graph-mode env thread's Python env step runs inside a
-    numpy_function, which holds one of TF's inter-op threads while it runs
-    (environments declaring `blocking_step` are stepped off the pool). A slow
-    in-process simulator (one that sleeps or releases the GIL) therefore
-    overlaps at most that many env steps. The pool is sized
-    by `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
-    works before TF starts running ops (alf-async-train and `train()` set it
-    from the gin binding `train.inter_op_threads`).
-    Warns once per process: for cheap in-process environments the default is
-    right (more threads measured slower), so this is a hint, not an error.
+def _warn_if_few_inter_op_threads(envs, num_actor_queues):
+    """Warns once per process when TF's inter-op pool cannot hold the
+    environment steps that may run in it at the same time and the actors.
+
+    A graph-mode env thread steps a Python environment inside a
+    numpy_function, which holds one of TF's inter-op threads while it runs.
+    Those env threads take turns (the step token: one Python step at a
+    time), so together they hold one thread; other graph-mode environments
+    (a TFPyEnvironment with isolation=True, a TF-native one) may hold one
+    each; environments declaring `blocking_step` step off the pool. More
+    threads than these steps and the actor threads change nothing
+    (measured: a 10 ms in-process step on 2 env threads ran at ~90 steps/s
+    with 2, 6 or 8 inter-op threads; docs/performance.md found no gain for
+    ppo_pong.gin either), so the hint shows only where the pool is smaller,
+    e.g. `train.inter_op_threads = 1`. The pool is sized by
+    `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
+    works before TF starts running ops (alf-async-train and `train()` set
+    it from the gin binding `train.inter_op_threads`).
     """
     global _warned_inter_op
+    in_graph = [e for e in envs if not blocks(e)]
+    python_steps = sum(uses_python_env(e) for e in in_graph)
+    steps_at_once = min(python_steps, 1) + len(in_graph) - python_steps
     threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count()
-    wanted = num_envs + num_actor_queues
+    wanted = steps_at_once + num_actor_queues
     if threads < wanted and not _warned_inter_op:
         _warned_inter_op = True
         logger.warning(
-            "TF has %d inter-op threads for %d graph-mode env threads and %d actor threads: "
-            "at most %d environment steps run at once. For a slow in-process simulator, "
-            "run alf-async-train with --gin_param 'train.inter_op_threads = %d' (in Python: "
-            "tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs any "
-            "op), or declare blocking_step = True on its PyEnvironment.",
-            threads, num_envs, num_actor_queues, threads, wanted, wanted)
+            "TF has %d inter-op threads for %d graph-mode environment steps at a time (of %d "
+            "env threads) and %d actor threads: an environment step and the actors' forward "
+            "passes cannot all run at once. Run alf-async-train with --gin_param "
+            "'train.inter_op_threads = %d' (in Python: "
+            "tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs any op). "
+            "A slow in-process simulator steps off the pool, several at once, with "
+            "blocking_step = True on its PyEnvironment.",
+            threads, steps_at_once, len(in_graph), num_actor_queues, wanted, wanted)
 
 
 def _size(queue):
