@@ -41,6 +41,7 @@ import collections
 
 import gin
 import tensorflow as tf
+import tensorflow_probability as tfp
 from tf_agents.agents import tf_agent
 from tf_agents.distributions import shifted_categorical
 from tf_agents.networks import encoding_network, network
@@ -106,6 +107,30 @@ class ActorCriticNetwork(network.Network):
         return (self._logits(hidden), tf.squeeze(self._value(hidden), -1)), network_state
 
 
+class _ShiftedCategorical(shifted_categorical.ShiftedCategorical):
+    """tf-agents' ShiftedCategorical with its own parameters and their
+    properties: TFP logs a 25-line warning each time it asks a subclass that
+    redefines `__init__` for the `_parameter_properties` it inherits (the
+    policy's distribution's batch shape asks), and would rebuild a copy
+    without `shift`. `shift` is a Python int, not a batch parameter.
+
+    Args:
+        logits: the logits [..., num_actions].
+        dtype: the action dtype.
+        shift: the smallest action.
+    """
+
+    def __init__(self, logits, dtype, shift):
+        parameters = dict(locals())
+        super().__init__(logits=logits, dtype=dtype, shift=shift)
+        self._parameters = parameters
+
+    @classmethod
+    def _parameter_properties(cls, dtype, num_classes=None):
+        # pylint: disable-next=protected-access
+        return tfp.distributions.Categorical._parameter_properties(dtype, num_classes=num_classes)
+
+
 class ActorCriticPolicy(tf_policy.TFPolicy):
     """Samples actions from an `ActorCriticNetwork`'s logits.
 
@@ -131,8 +156,7 @@ class ActorCriticPolicy(tf_policy.TFPolicy):
     def _distribution(self, time_step, policy_state):
         (logits, _), _ = self._network(time_step.observation, step_type=time_step.step_type)
         return policy_step.PolicyStep(
-            shifted_categorical.ShiftedCategorical(logits=logits, dtype=self.action_spec.dtype,
-                                                   shift=self._minimum),
+            _ShiftedCategorical(logits=logits, dtype=self.action_spec.dtype, shift=self._minimum),
             policy_state, ())
 
 
@@ -224,8 +248,8 @@ class ImpalaAgent(tf_agent.TFAgent):
         (logits, values), _ = self._network(experience.observation,
                                             step_type=experience.step_type, training=True)
         logits, bootstrap, values = logits[:, :-1], values[:, -1], values[:, :-1]
-        distribution = shifted_categorical.ShiftedCategorical(
-            logits=logits, dtype=self.action_spec.dtype, shift=self._minimum)
+        distribution = _ShiftedCategorical(logits=logits, dtype=self.action_spec.dtype,
+                                           shift=self._minimum)
         log_pi = distribution.log_prob(experience.action[:, :-1])
         boundary = experience.is_boundary()[:, :-1]
         valid = tf.cast(tf.logical_not(boundary), tf.float32)
