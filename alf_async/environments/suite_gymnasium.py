@@ -17,6 +17,8 @@ Install with `pip install -e '.[gymnasium]'` (gymnasium 1.3.0: the newest
 release that installs beside tf-agents' typing-extensions pin).
 """
 
+import os
+
 import gymnasium
 import numpy as np
 from tf_agents.environments import py_environment
@@ -24,6 +26,8 @@ from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
 from gymnasium import spaces
+
+from alf_async.tf215_py311_fixes import quiet
 
 
 def spec_from_space(space, name=None):
@@ -145,4 +149,19 @@ def load(name, max_episode_steps=None, discount=1.0, seed=None, render_mode=None
         kwargs["max_episode_steps"] = max_episode_steps
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    return GymnasiumWrapper(gymnasium.make(name, **kwargs), discount=discount, seed=seed)
+    return GymnasiumWrapper(make(name, **kwargs), discount=discount, seed=seed)
+
+
+def make(name, **kwargs):
+    """`gymnasium.make(name, **kwargs)`; in a quiet process (alf-async-train
+    without --verbose) MuJoCo's known harmless warnings are dropped first
+    (`quiet.quiet_mujoco`), since make() compiles the model."""
+    if os.environ.get(quiet.ENV_VAR) == "1" and _is_gymnasium_mujoco(name):
+        quiet.quiet_mujoco()
+    return gymnasium.make(name, **kwargs)
+
+
+def _is_gymnasium_mujoco(name):
+    """True for gymnasium's own MuJoCo environments (HalfCheetah-v5, ...)."""
+    spec = gymnasium.registry.get(name)
+    return spec is not None and str(spec.entry_point).startswith("gymnasium.envs.mujoco")

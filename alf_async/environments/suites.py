@@ -74,9 +74,10 @@ def _load_gymnasium(env_name, batch_size, seed, max_episode_steps=None):
     except gymnasium.error.Error as e:
         raise ValueError(f"suite_gymnasium: unknown gymnasium environment {env_name!r} "
                          f"({e})") from None
+    from alf_async.environments import suite_gymnasium
     kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
     return tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
-        [gymnasium.make(env_name, **kwargs) for _ in range(batch_size)], seed=seed))
+        [suite_gymnasium.make(env_name, **kwargs) for _ in range(batch_size)], seed=seed))
 
 
 register_suite("suite_gymnasium", _load_gymnasium)
@@ -120,9 +121,9 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwar
         if max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env.unwrapped, max_episode_steps)
     elif suite == "suite_gymnasium":
-        import gymnasium
+        from alf_async.environments import suite_gymnasium
         kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
-        env = gymnasium.make(env_name, **kwargs)
+        env = suite_gymnasium.make(env_name, **kwargs)
     elif suite == "suite_atari":
         if max_episode_steps is not None:
             raise ValueError("suite_atari's time limit is the knob "

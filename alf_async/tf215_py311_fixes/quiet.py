@@ -17,7 +17,12 @@ Silenced unless `verbose`:
   SavedModel name sanitizing): the `tensorflow` and `absl` loggers show
   errors only;
 - the Arcade Learning Environment's banner: suite_atari sets ale-py's
-  logger to errors when it imports ale-py in a quiet process.
+  logger to errors when it imports ale-py in a quiet process;
+- Keras' "The initializer Orthogonal is unseeded and being called multiple
+  times" UserWarning, known harmless where it comes from (`_apply`);
+- MuJoCo's "compiler attribute 'settotalmass' is deprecated" warning,
+  known harmless under the pinned mujoco: suite_gymnasium calls
+  `quiet_mujoco()` before it makes a MuJoCo environment in a quiet process.
 
 Child processes (SubprocessEnv's fork server and children, spawn) inherit it
 through the environment: `quiet()` sets `ALF_ASYNC_QUIET=1`, and
@@ -60,6 +65,15 @@ def apply_inherited():
 def _apply():
     warnings.filterwarnings("ignore", message=r".*is out of date", category=UserWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # tf-agents' PPOActorNetwork (ppo_agent's continuous actor, ppo_hopper.gin)
+    # gives all its hidden layers one unseeded Orthogonal initializer. Its
+    # layers' kernels differ in shape, so they differ (correlated draws),
+    # and it is tf-agents' published PPO actor as ppo_hopper.gin's measured
+    # runs trained it; ppo_agent's discrete actor uses a fresh initializer
+    # per kernel (ppo.FreshOrthogonal).
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message="The initializer Orthogonal is unseeded and being called "
+                                    "multiple times")
     try:
         # gym prints gym_notices' notice for its version at import time.
         from gym_notices import notices
@@ -72,3 +86,35 @@ def _apply():
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:
         pass
+
+
+# MuJoCo warnings known to be harmless: gymnasium's half_cheetah.xml
+# (HalfCheetah-v5) sets the deprecated `settotalmass`, which mujoco 3.17.0
+# (the pinned version) still applies: the model's total mass is 14, as the
+# file asks.
+HARMLESS_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+def quiet_mujoco():
+    """Drops MuJoCo's known harmless warnings in this process; any other is
+    printed and logged as MuJoCo does (or passed to a handler set before).
+
+    MuJoCo prints its warnings from C ("WARNING: ..." on stdout, and in
+    MUJOCO_LOG.TXT in the working directory) unless a handler is set.
+    """
+    import mujoco  # pylint: disable=import-outside-toplevel  (only where MuJoCo runs)
+    previous = mujoco.get_mju_user_warning()
+    if getattr(previous, "alf_async_quiet", False):
+        return
+
+    def handler(message):
+        if message.startswith(HARMLESS_MUJOCO_WARNINGS):
+            return
+        if previous is not None:
+            previous(message)
+            return
+        print(f"WARNING: {message}\n", flush=True)
+        mujoco.mju_writeLog("WARNING", message)
+
+    handler.alf_async_quiet = True
+    mujoco.set_mju_user_warning(handler)
