@@ -32,6 +32,7 @@ needs typing-extensions >= 4.14, which tf-agents 0.19's pin forbids).
 """
 
 import itertools
+import logging
 import threading
 
 import numpy as np
@@ -56,18 +57,43 @@ _RAY_LOCK = threading.Lock()
 def ensure_ray(address=None, num_cpus=None):
     """Starts a local Ray (address None) or joins a cluster, once per process.
 
-    Call it from the main thread (`ray_env_constructor` does): Ray installs
-    signal handlers when it starts. The Ray started here runs until `shutdown()` or
-    the end of the process (Ray stops it at exit).
+    Two notices of `ray.init` are silenced (`_RAY_NOTICES`), both harmless
+    here: Ray installs a SIGTERM handler (exit at once) when it starts on
+    the main thread and says so when it does not; alf-async-train starts Ray
+    on its trainer thread, and its own SIGTERM handler (stop, then
+    checkpoint) is the one to keep. And a new local Ray announces that it
+    uses token authentication, its default, when `RAY_AUTH_MODE` is unset
+    (set it to choose; Ray reads it at import). The Ray started here runs
+    until `shutdown()` or the end of the process (Ray stops it at exit).
     """
     with _RAY_LOCK:
         if ray.is_initialized():
             return
-        if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
-        else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        loggers = [logging.getLogger(name) for name in _RAY_NOTICES]
+        for logger in loggers:
+            logger.addFilter(_not_a_ray_notice)
+        try:
+            if address is None:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        finally:
+            for logger in loggers:
+                logger.removeFilter(_not_a_ray_notice)
+
+
+# {Ray's logger: the start of the notice `ensure_ray` silences on it}.
+_RAY_NOTICES = {
+    "ray._private.worker": "SIGTERM handler is not set because current thread is not the main",
+    "ray._private.authentication.authentication_token_setup":
+        "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled",
+}
+
+
+def _not_a_ray_notice(record):
+    """A logging filter: False for the notices of `_RAY_NOTICES`."""
+    return not record.getMessage().startswith(_RAY_NOTICES.get(record.name, "\0"))
 
 
 def shutdown():
