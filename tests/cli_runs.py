@@ -23,3 +23,25 @@ def run_train_cli(root_dir, gin_file, bindings, timeout, env=None):
         args += ["--gin_param", binding]
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env=env)
+
+
+PROGRESS_LINE = "[alf_async] iteration "
+
+
+def lines_before_progress(lines):
+    """The output lines before the first progress line (`[alf_async]
+    iteration ...`): a quiet start has none but those alf_async prints there
+    by design. AssertionError if there is no progress line.
+    """
+    for i, line in enumerate(lines):
+        if line.startswith(PROGRESS_LINE):
+            return lines[:i]
+    raise AssertionError(f"no progress line in {lines[-40:]}")
+
+
+def third_party_lines(proc):
+    """The lines of a finished run (a `CompletedProcess`, text) that are not
+    alf_async's own: all of stderr, and stdout's without the `[alf_async] `
+    prefix. A quiet run has none, at its start and after."""
+    return proc.stderr.splitlines() + [line for line in proc.stdout.splitlines()
+                                       if not line.startswith("[alf_async] ")]

@@ -8,7 +8,7 @@ import glob
 import numpy as np
 import pytest
 
-from cli_runs import run_train_cli  # tests/ is on sys.path
+from cli_runs import run_train_cli, third_party_lines  # tests/ is on sys.path
 from test_trainer import read_scalars
 
 # Small enough for CI, the rest of the config as published: 2 x 8 games x 8
@@ -33,6 +33,7 @@ def test_short_breakout_run_reaches_the_learner_and_evaluates(tmp_path):
     assert ("stopped (num_env_steps) at iteration 6, train step 160, env steps 768"
             in proc.stdout), proc.stdout[-3000:]
     assert "A.L.E" not in proc.stdout + proc.stderr   # the emulator's banner is silenced
+    assert third_party_lines(proc) == []  # a quiet run, from its start (issue 49)
     assert ("eval at train step 64" in proc.stdout and
             "epsilon-greedy policy (0.05) AverageReturn" in proc.stdout), proc.stdout[-3000:]
 

@@ -27,6 +27,7 @@ from alf_async.distributed import collector, launcher  # noqa: E402
 from alf_async.distributed.learner_role import ReplayFeed  # noqa: E402
 from alf_async.driver import DriverStoppedError  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+from cli_runs import lines_before_progress  # noqa: E402  (tests/ is on sys.path)
 from test_trainer import read_scalars  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
@@ -155,14 +156,18 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
     learner = Learner(tmp_path)
     started = []
     try:
-        address = learner.wait_for(
+        announced = learner.wait_for(
             lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) \(written to ", l),
-            60, "address line").group(1)
+            60, "address line")
+        address = announced.group(1)
         with open(tmp_path / "replay_address") as f:
             assert f.read() == address + "\n"
         assert address.endswith(":" + address.rsplit(":", 1)[1])
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 60,
                          "training")
+        # A quiet start (issue 49): the address line alone before the first
+        # progress line (stderr has Reverb's server log, test_quiet_start.py).
+        assert lines_before_progress(list(learner.lines)) == [announced.string]
         pids = learner.collector_pids()
         assert len(pids) == 2
         started += pids

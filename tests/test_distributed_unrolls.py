@@ -23,6 +23,7 @@ psutil = pytest.importorskip("psutil")
 
 from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, ReverbReplayer,  # noqa: E402
                                                    RowWriters, unroll_table)
+from cli_runs import lines_before_progress  # noqa: E402  (tests/ is on sys.path)
 from test_distributed import ENV, GIN, PROGRESS, REPO, Learner, _gone  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 
@@ -176,6 +177,8 @@ def test_ppo_learner_trains_from_collectors_reports_the_lag_survives_sigkill_and
             60, "address line")
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0 and
                          "| policy lag " in l, 60, "training")
+        # A quiet start (issue 49): the address line alone before the first progress line.
+        assert lines_before_progress(list(learner.lines)) == [announced.string]
         pids = learner.collector_pids()
         assert len(pids) == 2
         started += pids

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("mujoco", reason="needs the [mujoco] extra")
 
-from cli_runs import run_train_cli  # noqa: E402  (tests/ is on sys.path)
+from cli_runs import run_train_cli, third_party_lines  # noqa: E402  (tests/ on sys.path)
 from test_trainer import read_scalars  # noqa: E402
 
 # Small enough for CI, the rest of the config as published: 4 envs x 4 steps
@@ -32,6 +32,8 @@ def test_short_halfcheetah_run_reaches_the_learner_and_evaluates(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("stopped (num_env_steps) at iteration 14, train step 176, env steps 224"
             in proc.stdout), proc.stdout[-3000:]
+    # A quiet run, from its start (issue 49): MuJoCo's settotalmass notice is dropped.
+    assert third_party_lines(proc) == []
 
     train = read_scalars(str(tmp_path / "train"))
     losses = [v for _, v in train["Losses/critic_loss"]]
