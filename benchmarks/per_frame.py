@@ -215,7 +215,9 @@ def report(records, marks, reference, out_dir):
           f"env steps | last greedy evaluation | env steps/s | policy lag | host")
     groups = {}
     for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
-        values = [recent_mean(r["episodes"], s) for s in steps_at]
+        # A mark past the run's last env step reads nothing (not its last episodes).
+        values = [recent_mean(r["episodes"], s) if s <= r["env_steps"] else None
+                  for s in steps_at]
         groups.setdefault((r["name"], r["side"]), []).append(values)
         last_eval = r["evaluations"][-1][3] if r["evaluations"] else None
         print(f"{r['name']} {r['side']} seed {r['seed']} | "
