@@ -14,7 +14,8 @@ from tf_agents.trajectories import time_step as ts
 from alf_async.environments import suites
 from alf_async.learning import agents
 from alf_async.learning.optimizers import TF1RMSprop
-from test_ppo_reference import _kernels  # noqa: E402  (tests/ is on sys.path)
+from test_ppo_reference import (  # noqa: E402  (tests/ is on sys.path)
+    _kernels, assert_rate_falls_to_zero_over_10_steps)
 from test_unroll_agents import _collect, _linked  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,15 +68,8 @@ def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps(optimizer
                                 tf.Variable(0, tf.int64), fc_layer_params=(8,),
                                 learning_rate=7e-4, optimizer_fn=optimizer_fn,
                                 learning_rate_decay_steps=10)
-    train = tf.function(agent.train)
-    exp = _linked(_collect(env, agent.collect_policy, 3))
-    applied = []
-    for _ in range(12):
-        train(exp)
-        applied.append(float(agent._optimizer.learning_rate))  # the last step's rate
-    expected = [7e-4 * (1 - k / 10) for k in range(10)] + [0.0, 0.0]
-    np.testing.assert_allclose(applied, expected, rtol=1e-5, atol=1e-12)
-    assert int(agent._optimizer.iterations) == 12 and int(agent.train_step_counter) == 12
+    assert_rate_falls_to_zero_over_10_steps(agent, env, 7e-4)
+    assert int(agent.train_step_counter) == 12
 
 
 def test_learning_rate_decay_steps_must_be_a_positive_int():

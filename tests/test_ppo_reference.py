@@ -87,13 +87,19 @@ def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps():
                              actor_fc_layer_params=(8,), value_fc_layer_params=(8,),
                              num_epochs=1, num_minibatches=1, learning_rate=2.5e-4,
                              learning_rate_decay_steps=10)
+    assert_rate_falls_to_zero_over_10_steps(agent, env, 2.5e-4)
+
+
+def assert_rate_falls_to_zero_over_10_steps(agent, env, rate):
+    """Trains `agent` (one gradient step per train call) 12 times on one
+    batch of `env`; the rate each call applied is rate x (1 - k / 10), then 0."""
     train = tf.function(agent.train)
     exp = _linked(_collect(env, agent.collect_policy, 3))
     applied = []
     for _ in range(12):
         train(exp)
         applied.append(float(agent._optimizer.learning_rate))  # the last step's rate
-    expected = [2.5e-4 * (1 - k / 10) for k in range(10)] + [0.0, 0.0]
+    expected = [rate * (1 - k / 10) for k in range(10)] + [0.0, 0.0]
     np.testing.assert_allclose(applied, expected, rtol=1e-5, atol=1e-12)
     assert int(agent._optimizer.iterations) == 12
 

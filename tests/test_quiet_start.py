@@ -54,7 +54,6 @@ EXTRAS = {"ale_py": "atari", "envpool": "envpool", "mujoco": "mujoco", "ray": "r
           "gymnasium": "gymnasium", "reverb": "reverb"}
 # {gin file: (the modules its environments need, more bindings)}.
 SINGLE_PROCESS = {
-    "smoke.gin": ((), []),
     "dqn_cartpole.gin": ((), []),
     "dqn_cartpole_subprocess.gin": ((), []),
     "dqn_cartpole_gymnasium.gin": (("gymnasium",), []),
@@ -84,6 +83,7 @@ WAITING = {
 # {gin file: the test that asserts its quiet start in a run it makes anyway,
 # with `lines_before_progress` or, for the whole run, `third_party_lines`}.
 COVERED_ELSEWHERE = {
+    "smoke.gin": "test_resume.py",
     "dqn_breakout.gin": "test_atari_training.py",
     "ppo_cartpole.gin": "test_unroll_training.py",
     "sac_halfcheetah.gin": "test_mujoco.py",

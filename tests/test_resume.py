@@ -20,14 +20,12 @@ from alf_async.learning import agents
 
 from alf_async import resume
 
-from cli_runs import REPO, run_train_cli  # tests/ is on sys.path
+from cli_runs import (REPO, lines_before_progress, run_train_cli,  # tests/ is on sys.path
+                      third_party_lines)
 
 pytestmark = pytest.mark.timeout(180)
 
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-# 3 inter-op threads: the driver's hint about too few (2 env + 1 actor
-# threads on a 2-core machine) stays out of stderr, which must be empty.
-QUIET_THREADS = "train.inter_op_threads = 3"
 LR_KEY = "agent/_optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE"
 ADAM_STEP_KEY = "agent/_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -49,7 +47,7 @@ def latest(root_dir):
 def finished_run(tmp_path_factory):
     """smoke.gin run to its end (40 iterations, 74 train steps): (root_dir, process)."""
     root_dir = tmp_path_factory.mktemp("finished") / "run"
-    proc = train_cli(root_dir, QUIET_THREADS)
+    proc = train_cli(root_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root_dir, proc
 
@@ -63,8 +61,10 @@ def resumable(finished_run, tmp_path):
 
 
 def test_the_run_prints_only_its_own_labelled_lines(finished_run):
+    """smoke.gin as shipped: a quiet start and a quiet run (test_quiet_start)."""
     _, proc = finished_run
-    assert proc.stderr == ""
+    assert third_party_lines(proc) == []
+    assert lines_before_progress(proc.stdout.splitlines()) == []
     lines = proc.stdout.splitlines()
     assert lines and all(line.startswith("[alf_async] ") for line in lines), lines
     assert any(" | collect policy AverageReturn " in line for line in lines)
@@ -75,7 +75,7 @@ def test_the_run_prints_only_its_own_labelled_lines(finished_run):
 def test_a_finished_run_says_so_and_starts_nothing(finished_run):
     root_dir, _ = finished_run
     before = listing(root_dir)
-    proc = train_cli(root_dir, QUIET_THREADS)
+    proc = train_cli(root_dir)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.splitlines() == [
         f"[alf_async] {root_dir} is finished: train.num_iterations = 40 reached (iteration 40, "
@@ -86,7 +86,7 @@ def test_a_finished_run_says_so_and_starts_nothing(finished_run):
 
 def test_a_solved_run_says_so(resumable):
     # A return of 1 is reached at the first evaluation (train step 80).
-    params = (QUIET_THREADS, "train.num_iterations = 1000", "train.stop_at_eval_return = 1.0")
+    params = ("train.num_iterations = 1000", "train.stop_at_eval_return = 1.0")
     proc = train_cli(resumable, *params)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[alf_async] stopped (stop_at_eval_return) at iteration " in proc.stdout
@@ -139,7 +139,7 @@ def test_a_changed_learning_rate_applies_over_the_checkpoint(finished_run, resum
 def test_an_incompatible_config_fails_with_one_line(finished_run, param, expected):
     root_dir, _ = finished_run
     before = listing(root_dir)
-    proc = train_cli(root_dir, QUIET_THREADS, "train.num_iterations = 1000", param)
+    proc = train_cli(root_dir, "train.num_iterations = 1000", param)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"alf-async-train: error: --root_dir {root_dir} holds a checkpoint this config cannot "
