@@ -6,6 +6,10 @@ stream of steps is made up front; a step's `action` is row * ID + its index
 in the stream, which names the ground truth of every sampled step.
 """
 
+import glob
+import os
+import re
+
 import gymnasium
 import numpy as np
 import pytest
@@ -269,6 +273,63 @@ def test_checkpoint_roundtrip_restores_storage_and_samples(tmp_path):
     # Writing goes on where the saved one stopped: stacks still continue.
     feeder.write(restored, [0, 1], 3)
     feeder.check(restored.sample(500, 2), 8)
+
+
+def _checkpoint_bytes(path):
+    return sum(os.path.getsize(f) for f in glob.glob(path + ".*"))
+
+
+def test_a_partly_filled_replay_checkpoints_its_filled_part_and_resumes_exactly(tmp_path):
+    """A checkpoint's bytes follow the steps held, not the capacity; restored,
+    the same steps sit in the same slots and sample the same windows."""
+    capacity = 1000
+    replayer = PixelReplayer(_spec(), num_rows=3, capacity_per_row=capacity)
+    feeder = _Feeder([_stream(r, 40) for r in range(3)])
+    for ids in ([0, 1, 2], [1, 0], [0]):
+        feeder.write(replayer, ids, 4)  # rows hold 12, 8 and 4 steps
+    path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "partly"))
+    per_step = replayer.bytes_per_step()
+    # The first 12 slots of each row (the fullest row's), and a few KB of
+    # object graph and index; the whole storage would be 3,000 steps.
+    assert 3 * 12 * per_step < _checkpoint_bytes(path) < 3 * 12 * per_step + 8192
+
+    restored = PixelReplayer(_spec(), num_rows=3, capacity_per_row=capacity)
+    tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
+    assert restored.num_frames() == 24
+    for a, b in zip(replayer.variables, restored.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    tf.random.set_seed(5)
+    before = replayer.sample(200, 2)
+    tf.random.set_seed(5)
+    after = restored.sample(200, 2)
+    tf.nest.map_structure(np.testing.assert_array_equal, before, after)
+    assert feeder.check(after, capacity) == feeder.sampleable(capacity)
+    # Writing goes on at each row's cursor: the stacks still continue.
+    feeder.write(restored, [2, 1, 0], 4)
+    feeder.check(restored.sample(500, 2), capacity)
+
+    # A full replay's checkpoint is its whole storage, as before.
+    full = PixelReplayer(_spec(), num_rows=3, capacity_per_row=8)
+    feeder = _Feeder([_stream(r, 40) for r in range(3)])
+    for ids in ([0, 1, 2], [0, 1, 2], [2]):
+        feeder.write(full, ids, 4)
+    whole = sum(v.numpy().nbytes for v in full.variables)
+    path = tf.train.Checkpoint(replay_buffer=full).save(str(tmp_path / "full"))
+    assert whole < _checkpoint_bytes(path) < whole + 8192
+
+
+def test_a_checkpoint_of_another_replay_shape_is_refused(tmp_path):
+    replayer = PixelReplayer(_spec(), num_rows=2, capacity_per_row=20)
+    feeder = _Feeder([_stream(r, 40) for r in range(2)])
+    feeder.write(replayer, [0, 1], 12)
+    path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "ckpt"))
+    # The first array checked is the step types'.
+    for rows, capacity in ((3, 20), (2, 10)):
+        other = PixelReplayer(_spec(), num_rows=rows, capacity_per_row=capacity)
+        with pytest.raises(ValueError, match=re.escape(
+                f"PixelReplayer: a checkpointed storage array of shape (2, 12) does not fit "
+                f"this replayer's ({rows}, {capacity})")):
+            tf.train.Checkpoint(replay_buffer=other).restore(path)
 
 
 def test_sample_traced_before_data_inside_a_tf_function():

@@ -1,5 +1,8 @@
 """Replayers: the uniform replayer keeps one ring per environment row."""
 
+import glob
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -88,6 +91,24 @@ def test_uniform_replayer_checkpoint_roundtrip(tmp_path):
     tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
     assert restored.num_frames() == 10
     _check_windows(restored.sample(50, 5), np.array([5, 5]), 8, 5)
+
+
+def test_uniform_replayer_checkpoints_the_steps_it_holds_not_its_capacity(tmp_path):
+    replayer = UniformReplayer(SPEC, num_rows=2, capacity_per_row=5000)
+    replayer(_unroll([1, 0], [0, 0], 5), np.array([1, 0], np.int32))
+    replayer(_unroll([1], [5], 5), np.array([1], np.int32))  # rows hold 5 and 10 steps
+    path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "ckpt"))
+    saved = sum(os.path.getsize(f) for f in glob.glob(path + ".*"))
+    assert 2 * 10 * replayer.bytes_per_step() < saved < 2 * 10 * replayer.bytes_per_step() + 8192
+    restored = UniformReplayer(SPEC, num_rows=2, capacity_per_row=5000)
+    tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
+    assert restored.num_frames() == 15
+    tf.random.set_seed(1)
+    before = replayer.sample(50, 5)
+    tf.random.set_seed(1)
+    after = restored.sample(50, 5)
+    tf.nest.map_structure(np.testing.assert_array_equal, before, after)
+    _check_windows(after, np.array([5, 10]), 5000, 5)
 
 
 def test_uniform_replayer_behind_the_driver_keeps_env_rows():

@@ -25,6 +25,7 @@ import types
 import gin
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.trackable.base import SaveType  # pylint: disable=no-name-in-module
 from tf_agents.trajectories import trajectory
 from tf_agents.trajectories.time_step import StepType
 
@@ -260,8 +261,15 @@ class UniformReplayer(Replayer):
     the oldest of a wrapped ring.
 
     Windows are sampled uniformly over all valid windows of all rows. The
-    storage is `tf.Variable`s, so a `tf.train.Checkpoint` (or tf-agents'
-    `Checkpointer(replay_buffer=...)`) saves and restores it.
+    storage is `tf.Variable`s; a `tf.train.Checkpoint` (or tf-agents'
+    `Checkpointer(replay_buffer=...)`) saves and restores the part of it
+    that holds steps: the first `max(min(written, capacity_per_row))` slots
+    of every row, with each row's count of steps written. A checkpoint of a
+    replay holding 3,000 steps is the bytes of about 3,000 steps, whatever
+    its capacity; a full one is the whole storage, as it is in memory.
+    Restored, the rows hold the same steps in the same slots, so a sample
+    with the same seed draws the same windows (slots past a row's held
+    steps are never read, and a restore leaves them as they were).
     """
 
     # `sample` can be traced before any data arrives (it fails only when run).
@@ -311,6 +319,47 @@ class UniformReplayer(Replayer):
         """What a ring slot holds: one step of `data_spec` (a subclass may store
         steps in another form; `__init__` calls it once)."""
         return self._spec
+
+    def _trackable_children(self, save_type=SaveType.CHECKPOINT, **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == SaveType.CHECKPOINT:
+            # Saved by `_serialize_to_tensors`, the filled part only: as
+            # children, the variables would be saved whole (a 1M-step pixel
+            # replay is 7 GB however few steps it holds).
+            children = {name: child for name, child in children.items()
+                        if name not in ("_storage", "_written")}
+        return children
+
+    def _serialize_to_tensors(self):
+        filled = self._filled_slots()
+        tensors = {"written": self._written.read_value()}
+        for i, v in enumerate(tf.nest.flatten(self._storage)):
+            # Whole when full: a slice would copy the whole storage first.
+            tensors[f"storage_{i}"] = (v.read_value() if filled == self._capacity else
+                                       v[:, :filled])
+        return tensors
+
+    def _restore_from_tensors(self, restored_tensors):
+        storage = tf.nest.flatten(self._storage)
+        names = sorted(restored_tensors)
+        if names != sorted(["written"] + [f"storage_{i}" for i in range(len(storage))]):
+            raise ValueError(f"{type(self).__name__}: the checkpoint holds {names}, not this "
+                             f"replayer's {len(storage)} storage arrays")
+        for i, v in enumerate(storage):
+            t = restored_tensors[f"storage_{i}"]
+            if not t.shape[:1].concatenate(t.shape[2:]).is_compatible_with(
+                    v.shape[:1].concatenate(v.shape[2:])) or t.shape[1] > self._capacity:
+                raise ValueError(f"{type(self).__name__}: a checkpointed storage array of "
+                                 f"shape {t.shape} does not fit this replayer's {v.shape}")
+            if t.shape[1] == self._capacity:
+                v.assign(t)
+            else:
+                v[:, :t.shape[1]].assign(t)
+        return self._written.assign(restored_tensors["written"])
+
+    def _filled_slots(self):
+        """Slots [0, n) of some row hold steps; no row holds any past n."""
+        return int(np.minimum(self._written.numpy(), self._capacity).max())
 
     def trace(self):
         """Builds the graph that writes a batch, without writing one (the
