@@ -166,8 +166,9 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 60,
                          "training")
         # A quiet start (issue 49): the address line alone before the first
-        # progress line (stderr has Reverb's server log, test_quiet_start.py).
+        # progress line, nothing on stderr (not Reverb's server log either).
         assert lines_before_progress(list(learner.lines)) == [announced.string]
+        assert learner.err == []
         pids = learner.collector_pids()
         assert len(pids) == 2
         started += pids

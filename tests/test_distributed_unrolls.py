@@ -177,8 +177,10 @@ def test_ppo_learner_trains_from_collectors_reports_the_lag_survives_sigkill_and
             60, "address line")
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0 and
                          "| policy lag " in l, 60, "training")
-        # A quiet start (issue 49): the address line alone before the first progress line.
+        # A quiet start (issue 49): the address line alone before the first
+        # progress line, nothing on stderr (not Reverb's server log either).
         assert lines_before_progress(list(learner.lines)) == [announced.string]
+        assert learner.err == []
         pids = learner.collector_pids()
         assert len(pids) == 2
         started += pids

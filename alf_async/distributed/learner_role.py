@@ -82,6 +82,7 @@ from alf_async.driver import DriverStoppedError
 from alf_async.driver.health import RateInterval
 from alf_async.learning import agents, policy_lag
 from alf_async.learning.learner import Hook
+from alf_async.tf215_py311_fixes import quiet
 from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, is_unroll_queue, replay_table,
                                                    unroll_table, window_spec)
 
@@ -116,9 +117,10 @@ class LearnerServer(object):
                  replay_table(data_spec, sequence_length, learner_in_process=False))
         tables = [table, variable_table(variables), stats_table()]
         try:
-            self.server = reverb.Server(
-                tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
-                    checkpoint_dir))
+            with quiet.reverb_info_dropped():
+                self.server = reverb.Server(
+                    tables, port=port, checkpointer=reverb.checkpointers.DefaultCheckpointer(
+                        checkpoint_dir))
         except ValueError as e:  # gRPC could not bind (Reverb says only that)
             raise ValueError(f"the learner's Reverb server cannot listen on port {port} "
                              f"(LearnerServer.port; in use?): {e}") from e
@@ -128,7 +130,8 @@ class LearnerServer(object):
 
     def stop(self):
         if self.server is not None:
-            self.server.stop()
+            with quiet.reverb_info_dropped():
+                self.server.stop()
             self.server = None
 
 
@@ -274,8 +277,10 @@ class ReplayFeed(object):
     def _drain(self, n):
         if n <= 0:
             return
-        for sample in self._client.sample(STATS_TABLE, num_samples=n, emit_timesteps=False,
-                                          unpack_as_table_signature=True):
+        with quiet.reverb_info_dropped():  # a sampler's creation in the server's process
+            samples = list(self._client.sample(STATS_TABLE, num_samples=n, emit_timesteps=False,
+                                               unpack_as_table_signature=True))
+        for sample in samples:
             report = {k: np.asarray(v).reshape(-1)[0] for k, v in sample.data.items()}
             self._episodes.add(report["episodes"])
             self._env_steps.add(report["env_steps"])

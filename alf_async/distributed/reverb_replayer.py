@@ -74,6 +74,7 @@ import reverb
 import tensorflow as tf
 
 from alf_async.learning.replayers import Replayer
+from alf_async.tf215_py311_fixes import quiet
 
 REPLAY_TABLE = "replay"
 
@@ -291,8 +292,9 @@ class ReverbReplayer(Replayer):
             checkpointer = (reverb.checkpointers.DefaultCheckpointer(checkpoint_dir)
                             if checkpoint_dir else None)
             table = table_fn(data_spec, sequence_length, learner_in_process=True)
-            self._state.server = reverb.Server([table],
-                                               port=port, checkpointer=checkpointer)
+            with quiet.reverb_info_dropped():
+                self._state.server = reverb.Server([table], port=port,
+                                                   checkpointer=checkpointer)
             server_address = f"localhost:{self._state.server.port}"
         self._address = server_address
         self._client = reverb.Client(server_address)
@@ -404,7 +406,8 @@ class ReverbReplayer(Replayer):
                     options = tf.data.Options()
                     options.experimental_optimization.inject_prefetch = False
                     dataset = dataset.with_options(options)
-                self._state.iterator = iter(dataset)
+                with quiet.reverb_info_dropped():  # the sampler is made here
+                    self._state.iterator = iter(dataset)
                 self._state.batch_size = sample_batch_size
         # In data_spec's own nest types (the table's signature brings back
         # namedtuples of the same name and fields, without their methods).
@@ -414,12 +417,14 @@ class ReverbReplayer(Replayer):
     def checkpoint(self):
         """Writes a Reverb checkpoint (of the in-process server: its
         `checkpoint_dir`); returns its path."""
-        return self._client.checkpoint()
+        with quiet.reverb_info_dropped():
+            return self._client.checkpoint()
 
     def close(self):
         """Closes the writers, the dataset and the in-process server."""
         self._writers.close()
         self._state.iterator = None
         if self._state.server is not None:
-            self._state.server.stop()
+            with quiet.reverb_info_dropped():
+                self._state.server.stop()
             self._state.server = None

@@ -22,7 +22,10 @@ Silenced unless `verbose`:
   times" UserWarning, known harmless where it comes from (`_apply`);
 - MuJoCo's "compiler attribute 'settotalmass' is deprecated" warning,
   known harmless under the pinned mujoco: suite_gymnasium calls
-  `quiet_mujoco()` before it makes a MuJoCo environment in a quiet process.
+  `quiet_mujoco()` before it makes a MuJoCo environment in a quiet process;
+- Reverb's C++ INFO lines ("[reverb/cc/...] Started replay server on port
+  ...", its checkpointer's, its shutdown's, a sampler's in the server's
+  process): alf_async's Reverb calls run inside `reverb_info_dropped()`.
 
 Child processes (SubprocessEnv's fork server and children, spawn) inherit it
 through the environment: `quiet()` sets `ALF_ASYNC_QUIET=1`, and
@@ -31,8 +34,13 @@ any of its modules imports gym or TensorFlow) applies it there. alf_async's own
 warnings (e.g. the driver's inter-op thread hint) are not silenced.
 """
 
+import contextlib
 import logging
 import os
+import re
+import sys
+import tempfile
+import threading
 import warnings
 
 ENV_VAR = "ALF_ASYNC_QUIET"
@@ -118,3 +126,56 @@ def quiet_mujoco():
 
     handler.alf_async_quiet = True
     mujoco.set_mju_user_warning(handler)
+
+
+# Reverb's C++ server and client write these INFO lines to std::clog
+# (stderr) whatever the log level: Reverb 0.14's logging
+# (reverb/cc/platform/default/logging.h) has no level to set. alf_async
+# prints its own line where one matters (the address collectors connect to,
+# the checkpoint written at exit, the replay restored).
+HARMLESS_REVERB_LINES = re.compile(
+    rb"\[reverb/cc/[\w/.]+:\d+\] +(Started replay server on port \d+|Shutting down replay "
+    rb"server|Initializing TFRecordCheckpointer in |Loading checkpoint from |Loading latest "
+    rb"checkpoint from |Stored checkpoint to |Sampler and server are owned by the same "
+    rb"process \(\d+\) so Table \S+ is accessed directly without gRPC\.).*\n?")
+_stderr_lock = threading.RLock()
+_captured = None  # the temporary file of the block in progress
+
+
+@contextlib.contextmanager
+def reverb_info_dropped():
+    """In a quiet process, drops Reverb's INFO lines (`HARMLESS_REVERB_LINES`)
+    that the calls inside write to stderr; any other line they or another
+    thread write meanwhile reaches stderr when the block ends.
+
+    It points file descriptor 2 at a temporary file for the block (Reverb
+    writes from C++, below Python's `sys.stderr`), so keep the block to the
+    Reverb call: a server's start, stop or checkpoint. Blocks in several
+    threads take turns (a lock); a block inside one is the outer block's.
+    Outside a quiet process it changes nothing.
+    """
+    global _captured
+    if os.environ.get(ENV_VAR) != "1":
+        yield
+        return
+    with _stderr_lock:
+        if _captured is not None:  # inside another block of this thread
+            yield
+            return
+        sys.stderr.flush()
+        saved = os.dup(2)
+        _captured = tempfile.TemporaryFile()
+        os.dup2(_captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            _captured.seek(0)
+            kept = [line for line in _captured.read().splitlines(keepends=True)
+                    if not HARMLESS_REVERB_LINES.fullmatch(line)]
+            _captured.close()
+            _captured = None
+            if kept:
+                os.write(2, b"".join(kept))
