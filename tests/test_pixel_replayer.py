@@ -324,12 +324,16 @@ def test_a_checkpoint_of_another_replay_shape_is_refused(tmp_path):
     feeder.write(replayer, [0, 1], 12)
     path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "ckpt"))
     # The first array checked is the step types'.
-    for rows, capacity in ((3, 20), (2, 10)):
-        other = PixelReplayer(_spec(), num_rows=rows, capacity_per_row=capacity)
-        with pytest.raises(ValueError, match=re.escape(
-                f"PixelReplayer: a checkpointed storage array of shape (2, 12) does not fit "
-                f"this replayer's ({rows}, {capacity})")):
-            tf.train.Checkpoint(replay_buffer=other).restore(path)
+    other = PixelReplayer(_spec(), num_rows=3, capacity_per_row=20)
+    with pytest.raises(ValueError, match=re.escape(
+            "PixelReplayer: a checkpointed storage array of shape (2, 12) does not fit this "
+            "replayer's (3, 20)")):
+        tf.train.Checkpoint(replay_buffer=other).restore(path)
+    # A larger capacity would hold the 12 steps, but misplace a wrapped ring's.
+    other = PixelReplayer(_spec(), num_rows=2, capacity_per_row=30)
+    with pytest.raises(ValueError, match=re.escape(
+            "PixelReplayer: the checkpoint's replay has capacity_per_row=20, this one 30")):
+        tf.train.Checkpoint(replay_buffer=other).restore(path)
 
 
 def test_sample_traced_before_data_inside_a_tf_function():

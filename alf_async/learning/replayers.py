@@ -332,7 +332,8 @@ class UniformReplayer(Replayer):
 
     def _serialize_to_tensors(self):
         filled = self._filled_slots()
-        tensors = {"written": self._written.read_value()}
+        tensors = {"written": self._written.read_value(),
+                   "capacity_per_row": tf.constant(self._capacity, tf.int64)}
         for i, v in enumerate(tf.nest.flatten(self._storage)):
             # Whole when full: a slice would copy the whole storage first.
             tensors[f"storage_{i}"] = (v.read_value() if filled == self._capacity else
@@ -342,9 +343,16 @@ class UniformReplayer(Replayer):
     def _restore_from_tensors(self, restored_tensors):
         storage = tf.nest.flatten(self._storage)
         names = sorted(restored_tensors)
-        if names != sorted(["written"] + [f"storage_{i}" for i in range(len(storage))]):
+        if names != sorted(["written", "capacity_per_row"] +
+                           [f"storage_{i}" for i in range(len(storage))]):
             raise ValueError(f"{type(self).__name__}: the checkpoint holds {names}, not this "
                              f"replayer's {len(storage)} storage arrays")
+        # A row's step t sits in slot t % capacity: another capacity would
+        # misplace a ring that has wrapped.
+        saved = int(restored_tensors["capacity_per_row"])
+        if saved != self._capacity:
+            raise ValueError(f"{type(self).__name__}: the checkpoint's replay has "
+                             f"capacity_per_row={saved}, this one {self._capacity}")
         for i, v in enumerate(storage):
             t = restored_tensors[f"storage_{i}"]
             if not t.shape[:1].concatenate(t.shape[2:]).is_compatible_with(
