@@ -45,6 +45,7 @@ import tensorflow as tf
 from tf_agents.eval import metric_utils
 from tf_agents.utils import common
 
+from alf_async.learning import checkpoint_files
 from alf_async.learning import agents  # registers dqn_agent, sac_agent, ppo_agent, impala_agent
 from alf_async.learning import pixel_replayer, policy_lag, replayers  # pixel_replayer: @PixelReplayer
 from alf_async import resume
@@ -415,8 +416,13 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
         solved = SolvedRecord()
         configured = resume.configured_values(agent)
         try:
+            ckpt_dir = resume.checkpoint_dir(root_dir)
+            left = checkpoint_files.remove_partial(ckpt_dir)
+            if left:
+                print_fn(f"[alf_async] removed what an unfinished checkpoint write left in "
+                         f"{ckpt_dir}: {', '.join(left)}")
             checkpointer = common.Checkpointer(
-                ckpt_dir=resume.checkpoint_dir(root_dir), max_to_keep=2, agent=agent,
+                ckpt_dir=ckpt_dir, max_to_keep=2, agent=agent,
                 global_step=global_step, counters=counters, replay_buffer=replayer,
                 metrics=metric_utils.MetricsGroup(driver.get_metrics(), "train_metrics"),
                 solved=solved)

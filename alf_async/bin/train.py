@@ -25,9 +25,11 @@ its own so that the main thread can take signals): the loop stops at the
 end of its iteration (at once if it is waiting for experience, as a serving
 job without clients does), stops the driver, writes a checkpoint and
 exits 0; a second signal interrupts at once (no checkpoint at exit, exit
-130). Ctrl-C before that (imports, gin parsing) prints one line and exits
-130. An error in any thread exits non-zero with the original error after
-every thread was stopped.
+130), except that a checkpoint being written gets `WRITE_GRACE_SECS` to
+finish, and what it wrote is removed if it does not (the previous
+checkpoint stays the latest). Ctrl-C before that (imports, gin parsing)
+prints one line and exits 130. An error in any thread exits non-zero with
+the original error after every thread was stopped.
 
 With `train.num_collectors > 0` (gin_configs/*_distributed.gin) the run is
 a learner that starts its collectors (alf_async.distributed.learner_role): it
@@ -53,6 +55,14 @@ EXIT_INTERRUPTED = 130
 INTERRUPTED_BEFORE = f"{PROG}: interrupted before training started; nothing was written"
 INTERRUPTED_DURING = (f"{PROG}: interrupted again while stopping: no checkpoint at exit "
                       f"(the latest one in ROOT_DIR/train is kept)")
+# A second signal while the checkpoint at exit is being written waits this
+# long for it, then removes what it wrote so far.
+WRITE_GRACE_SECS = 10.0
+WRITE_FINISHED = (f"{PROG}: interrupted again while stopping: the checkpoint being written "
+                  f"was finished first (in ROOT_DIR/train)")
+WRITE_REMOVED = (f"{PROG}: interrupted again while stopping: the checkpoint being written did "
+                 f"not finish within {WRITE_GRACE_SECS:g} s and was removed (the latest one "
+                 f"in ROOT_DIR/train is kept)")
 # Bindings every run needs; an overlay gin file alone leaves them unbound.
 REQUIRED_BINDINGS = ("train.env_name", "train.agent_fn")
 
@@ -253,9 +263,24 @@ def main(argv=None):
     try:
         return _run(args, training)
     except KeyboardInterrupt:
-        print(INTERRUPTED_DURING.replace("ROOT_DIR", args.root_dir) if training.is_set()
-              else INTERRUPTED_BEFORE, file=sys.stderr, flush=True)
+        message = INTERRUPTED_BEFORE
+        if training.is_set():
+            message = _abandon_checkpoint_write().replace("ROOT_DIR", args.root_dir)
+        print(message, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def _abandon_checkpoint_write():
+    """After a second signal: lets a checkpoint write in progress finish
+    within `WRITE_GRACE_SECS`, else removes its files; returns what to say."""
+    from alf_async.learning import checkpoint_files  # pylint: disable=import-outside-toplevel
+    try:
+        finished, removed = checkpoint_files.WRITES.finish_or_remove(WRITE_GRACE_SECS)
+    except KeyboardInterrupt:  # a third signal: wait no longer
+        finished, removed = checkpoint_files.WRITES.finish_or_remove(0)
+    if removed:
+        return WRITE_REMOVED
+    return WRITE_FINISHED if finished else INTERRUPTED_DURING
 
 
 def _run(args, training):

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from alf_async.driver import metrics as metrics_lib
 from alf_async.driver.health import DriverHealth
+from alf_async.learning import checkpoint_files
 from alf_async.learning.learner import Hook, crossed
 from alf_async.learning.scalar_summaries import ScalarSummaries, metric_points
 
@@ -174,7 +175,10 @@ class CheckpointHook(Hook):
             # Replay first: a restored agent never trained on items the
             # restored table lacks.
             self._replay.checkpoint()
-        self._checkpointer.save(global_step=learner.agent.train_step_counter)
+        # Marked in progress: a stop that cannot wait for it removes what it
+        # left (checkpoint_files.WRITES.finish_or_remove).
+        with checkpoint_files.WRITES.writing(self._checkpointer.manager.directory):
+            self._checkpointer.save(global_step=learner.agent.train_step_counter)
 
 
 class ProgressHook(Hook):
