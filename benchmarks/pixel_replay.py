@@ -14,17 +14,31 @@ checking the stacks are consistent). Prints two plain tables:
 - the process's VmRSS and VmHWM (peak) from /proc/self/status before the
   replay is allocated, after, after the writes and after the sample.
 
+With --checkpoint_dir it also saves the replay with `tf.train.Checkpoint`
+(as a run's checkpoint holds it), restores that into a new replayer (the
+first one freed, as in a resumed run) and samples again with the same seed, and prints the checkpoint's bytes on disk
+and the seconds to write and to restore it, with the host.
+
     python benchmarks/pixel_replay.py                    # 20K steps, a few seconds
     python benchmarks/pixel_replay.py --capacity 1000000 --rows 16 --steps 131072
+    python benchmarks/pixel_replay.py --capacity 1000000 --rows 16 --steps 3072 \
+        --checkpoint_dir /tmp/replay_ckpt                # also 102400 and 1000000 steps
 
-The second allocates a 1M-step replay (7.1 GB): run it on a machine with
-that much free memory, with nothing else measuring time beside it.
+These allocate a 1M-step replay (7.1 GB), as `dqn_breakout.gin` does; a
+checkpoint of a full one needs as much free disk and, restored, twice the
+memory: run them on a machine with that much free, with nothing else
+measuring time beside them.
 """
 
 import argparse
+import gc
+import os
+import shutil
 import time
 
 import numpy as np
+
+from host_info import host  # benchmarks/ is this script's directory
 
 H = W = 84
 S = 4
@@ -89,6 +103,8 @@ def main():
     parser.add_argument("--rows", type=int, default=4, help="environment rows")
     parser.add_argument("--steps", type=int, default=4096, help="steps to write, all rows")
     parser.add_argument("--unroll", type=int, default=64, help="steps per row per batch")
+    parser.add_argument("--checkpoint_dir", default=None,
+                        help="also time a checkpoint of the replay here (emptied first)")
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -123,6 +139,18 @@ def main():
     assert (shifted | fresh).all(), "a sampled stack is neither continued nor a padded start"
     memory.append(("after sampling 32 x 2 steps", *memory_mib()))
 
+    if args.checkpoint_dir:
+        # As a resumed run does: a new replayer, the old one gone.
+        path, before, nbytes, write_secs = save_checkpoint(replayer, args.checkpoint_dir)
+        held = replayer.num_frames()
+        memory.append(("after the checkpoint's write", *memory_mib()))
+        del replayer
+        gc.collect()
+        replayer = PixelReplayer(spec, num_rows=args.rows, capacity_per_row=capacity_per_row)
+        restore_secs = restore_checkpoint(replayer, path, before)
+        shutil.rmtree(args.checkpoint_dir)
+        memory.append(("after its restore (a new replayer)", *memory_mib()))
+
     pixel = replayer.bytes_per_step()
     uniform = uniform_bytes_per_step(spec, capacity_per_row)
     capacity = args.rows * capacity_per_row
@@ -136,14 +164,48 @@ def main():
               f"{per_step * 1e6 / 1e9:>15.2f}   ({how})")
     print()
     print(f"replay variables: {storage_mib:,.0f} MiB")
-    print(f"{'stage':<32} {'VmRSS MiB':>10} {'VmHWM MiB':>10}")
+    print(f"{'stage':<36} {'VmRSS MiB':>10} {'VmHWM MiB':>10}")
     for stage, rss, hwm in memory:
-        print(f"{stage:<32} {rss:>10,.0f} {hwm:>10,.0f}")
+        print(f"{stage:<36} {rss:>10,.0f} {hwm:>10,.0f}")
     # 1.00: the variables were allocated in place; 2.00: a zeros tensor, then a copy.
     print(f"allocation: VmHWM rise / replay variables = "
           f"{(memory[1][2] - memory[0][2]) / storage_mib:.3f}")
+    if args.checkpoint_dir:
+        print()
+        print(f"checkpoint of {held:,} held steps (capacity {capacity:,}): {nbytes / 2**20:,.1f} "
+              f"MiB on disk ({nbytes / held:,.0f} bytes per held step), written in "
+              f"{write_secs:.2f} s, restored in {restore_secs:.2f} s")
+        print(f"host: {host()}")
     print(f"({time.monotonic() - started:.0f} s)")
 
+
+def save_checkpoint(replayer, ckpt_dir):
+    """Saves `replayer` into `ckpt_dir` (emptied first) as a run's checkpoint
+    holds it; returns (its path, a seeded sample's stacks taken before, bytes
+    on disk, seconds to write)."""
+    import tensorflow as tf
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    os.makedirs(ckpt_dir)
+    tf.random.set_seed(0)
+    before = replayer.sample(32, 2).observation.numpy()
+    start = time.perf_counter()
+    path = tf.train.Checkpoint(replay_buffer=replayer).write(os.path.join(ckpt_dir, "replay"))
+    write_secs = time.perf_counter() - start
+    nbytes = sum(os.path.getsize(os.path.join(ckpt_dir, f)) for f in os.listdir(ckpt_dir))
+    return path, before, nbytes, write_secs
+
+
+def restore_checkpoint(replayer, path, before):
+    """Restores `path` into `replayer`, checks the same seeded sample comes
+    back; returns the seconds the restore took."""
+    import tensorflow as tf
+    start = time.perf_counter()
+    tf.train.Checkpoint(replay_buffer=replayer).read(path).assert_consumed()
+    restore_secs = time.perf_counter() - start
+    tf.random.set_seed(0)
+    after = replayer.sample(32, 2).observation.numpy()
+    assert (before == after).all(), "a restored replay sampled other stacks"
+    return restore_secs
 
 if __name__ == "__main__":
     main()

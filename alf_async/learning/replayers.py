@@ -334,10 +334,12 @@ class UniformReplayer(Replayer):
         filled = self._filled_slots()
         tensors = {"written": self._written.read_value(),
                    "capacity_per_row": tf.constant(self._capacity, tf.int64)}
+        # Sparse reads: the scatter writes put the variables in TF's
+        # copy-on-read mode, where reading one (or a slice of it) copies
+        # all of it first (7 GB for a 1M-step pixel replay).
+        slots = self._first_slots(filled)
         for i, v in enumerate(tf.nest.flatten(self._storage)):
-            # Whole when full: a slice would copy the whole storage first.
-            tensors[f"storage_{i}"] = (v.read_value() if filled == self._capacity else
-                                       v[:, :filled])
+            tensors[f"storage_{i}"] = tf.gather_nd(v, slots)
         return tensors
 
     def _restore_from_tensors(self, restored_tensors):
@@ -359,15 +361,20 @@ class UniformReplayer(Replayer):
                     v.shape[:1].concatenate(v.shape[2:])) or t.shape[1] > self._capacity:
                 raise ValueError(f"{type(self).__name__}: a checkpointed storage array of "
                                  f"shape {t.shape} does not fit this replayer's {v.shape}")
-            if t.shape[1] == self._capacity:
-                v.assign(t)
-            else:
-                v[:, :t.shape[1]].assign(t)
+            # In place (an assign would copy `t` first while the restore
+            # still holds it: three times the storage at the peak).
+            v.scatter_nd_update(self._first_slots(t.shape[1]), t)
         return self._written.assign(restored_tensors["written"])
 
     def _filled_slots(self):
         """Slots [0, n) of some row hold steps; no row holds any past n."""
         return int(np.minimum(self._written.numpy(), self._capacity).max())
+
+    def _first_slots(self, n):
+        """The [rows, n, 2] (row, slot) indices of every row's slots [0, n)."""
+        rows = tf.range(self._num_rows, dtype=tf.int64)
+        return self._index(rows, tf.broadcast_to(tf.range(n, dtype=tf.int64)[None, :],
+                                                 [self._num_rows, n]))
 
     def trace(self):
         """Builds the graph that writes a batch, without writing one (the
