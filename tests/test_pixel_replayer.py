@@ -254,6 +254,19 @@ def test_bytes_per_step_of_an_atari_dqn_spec():
         pytest.approx(84 * 84 * 4 + 8 + 4 + 4 + 4 + 4 + 8 / 10))
 
 
+def _same_storage_and_samples(replayer, restored, n):
+    """Asserts `restored` holds `replayer`'s variables and draws its `n`
+    windows of 2 steps for one seed; returns the restored one's sample."""
+    for a, b in zip(replayer.variables, restored.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    tf.random.set_seed(3)
+    before = replayer.sample(n, 2)
+    tf.random.set_seed(3)
+    after = restored.sample(n, 2)
+    tf.nest.map_structure(np.testing.assert_array_equal, before, after)
+    return after
+
+
 def test_checkpoint_roundtrip_restores_storage_and_samples(tmp_path):
     replayer = PixelReplayer(_spec(), num_rows=2, capacity_per_row=8)
     feeder = _Feeder([_stream(r, 40) for r in range(2)])
@@ -262,14 +275,7 @@ def test_checkpoint_roundtrip_restores_storage_and_samples(tmp_path):
     path = tf.train.Checkpoint(replay_buffer=replayer).save(str(tmp_path / "ckpt"))
     restored = PixelReplayer(_spec(), num_rows=2, capacity_per_row=8)
     tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
-    for a, b in zip(replayer.variables, restored.variables):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    tf.random.set_seed(3)
-    before = replayer.sample(100, 2)
-    tf.random.set_seed(3)
-    after = restored.sample(100, 2)
-    tf.nest.map_structure(np.testing.assert_array_equal, before, after)
-    feeder.check(after, 8)
+    feeder.check(_same_storage_and_samples(replayer, restored, 100), 8)
     # Writing goes on where the saved one stopped: stacks still continue.
     feeder.write(restored, [0, 1], 3)
     feeder.check(restored.sample(500, 2), 8)
@@ -296,13 +302,7 @@ def test_a_partly_filled_replay_checkpoints_its_filled_part_and_resumes_exactly(
     restored = PixelReplayer(_spec(), num_rows=3, capacity_per_row=capacity)
     tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
     assert restored.num_frames() == 24
-    for a, b in zip(replayer.variables, restored.variables):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    tf.random.set_seed(5)
-    before = replayer.sample(200, 2)
-    tf.random.set_seed(5)
-    after = restored.sample(200, 2)
-    tf.nest.map_structure(np.testing.assert_array_equal, before, after)
+    after = _same_storage_and_samples(replayer, restored, 200)
     assert feeder.check(after, capacity) == feeder.sampleable(capacity)
     # Writing goes on at each row's cursor: the stacks still continue.
     feeder.write(restored, [2, 1, 0], 4)
