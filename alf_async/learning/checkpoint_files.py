@@ -78,8 +78,8 @@ class CheckpointWrites:
         progress then.
 
         Returns:
-            (the directories whose write finished meanwhile, the directories
-            whose partial files were removed), each sorted.
+            A pair of sorted lists: the directories whose write finished
+                meanwhile, and those whose partial files were removed.
         """
         deadline = time.monotonic() + grace_secs
         with self._changed:
