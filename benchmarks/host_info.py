@@ -1,21 +1,38 @@
 """The host a benchmark ran on: hosts of one machine kind differ several-fold,
 so every figure is recorded with this (imports no TensorFlow)."""
 
+import importlib.metadata
 import os
 import platform
 import time
 
+# CPU features that change TensorFlow's kernels (oneDNN picks AVX-512, its
+# bf16 and VNNI forms and AMX where the CPU has them).
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                "amx_tile", "amx_bf16", "amx_int8")
+# Environment variables that change numerics or thread pools.
+ENV_PREFIXES = ("TF_ENABLE_ONEDNN_OPTS", "TF_NUM_", "OMP_", "OPENBLAS_", "MKL_", "KMP_")
+
 
 def host():
-    """The CPU model, cores, and the seconds of a fixed Python loop and of a
-    fixed numpy matmul (hosts of one machine kind differ several-fold)."""
+    """The CPU model, its vector extensions, cores, TensorFlow's version, the
+    environment variables that change numerics or threads, and the seconds
+    of a fixed Python loop and of a fixed numpy matmul (the calibration).
+
+    Call it before TensorFlow and the environments load: the calibration
+    then runs on a quiet process.
+    """
     import numpy as np
-    model = platform.processor() or "unknown"
+    model, flags = platform.processor() or "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name"))
-    except (OSError, StopIteration):
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
         pass
     start = time.perf_counter()
     total = 0
@@ -27,5 +44,25 @@ def host():
     for _ in range(50):
         a @ a
     numpy_secs = time.perf_counter() - start
-    return dict(cpu=model, cores=os.cpu_count(), python_loop_secs=round(python_secs, 3),
-                numpy_matmul_secs=round(numpy_secs, 3))
+    return dict(cpu=model, cores=os.cpu_count(),
+                cpu_flags=[f for f in VECTOR_FLAGS if f in flags],
+                tensorflow=_version("tensorflow-cpu") or _version("tensorflow"),
+                env={k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+                python_loop_secs=round(python_secs, 3), numpy_matmul_secs=round(numpy_secs, 3))
+
+
+def _version(distribution):
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe(machine):
+    """One short line for a table: the CPU, AMX or AVX-512 if it has them,
+    and the calibration (records made before the flags were kept have none)."""
+    flags = machine.get("cpu_flags", [])
+    extension = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else
+                 "flags not recorded" if "cpu_flags" not in machine else "no AVX-512")
+    return (f"{machine['cpu']} ({extension}), calibration {machine['python_loop_secs']} s / "
+            f"{machine['numpy_matmul_secs']} s")

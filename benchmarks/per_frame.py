@@ -54,7 +54,7 @@ import sys
 import time
 
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
-from host_info import host
+from host_info import describe, host
 from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,8 +198,7 @@ def report(records, marks, reference, out_dir):
         print(f"{r['name']} {r['side']} seed {r['seed']} | "
               + " | ".join(_fmt(v) for v in values)
               + f" | {r['env_steps']:,} | {_fmt(last_eval)} | "
-                f"{r['env_steps'] / r['loop_secs']:.0f} | {_lag(r)} | {r['host']['cpu']}, "
-                f"python {r['host']['python_loop_secs']} s")
+                f"{r['env_steps'] / r['loop_secs']:.0f} | {_lag(r)} | {describe(r['host'])}")
     for (name, side), rows in sorted(groups.items()):
         medians = [statistics.median([v[k] for v in rows if v[k] is not None])
                    if any(v[k] is not None for v in rows) else None for k in range(len(marks))]

@@ -72,6 +72,7 @@ import threading
 import time
 
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
+from host_info import host
 from wall_clock_report import SIDES, algorithm, load_records, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -451,6 +452,7 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
 
 
 def one_run(args):
+    machine = host()  # before TensorFlow and the games load
     bindings = [f"train.eval_interval = {args.eval_every_steps}",
                 "train.checkpoint_interval = 1000000000",  # only at exit, after the clock
                 "train.num_env_steps = 1000000000"]        # the clock stops the run
@@ -467,6 +469,7 @@ def one_run(args):
                      _query("train.intra_op_threads", None))
         record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
     record["gin_config"] = config
+    record["host"] = machine
     print(json.dumps(record), flush=True)
 
 
