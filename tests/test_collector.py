@@ -60,8 +60,12 @@ def start_server(with_stats=False):
     agent = agents.dqn_agent(env.time_step_spec(), env.action_spec(), step)
     env.close()
     variables = collector.policy_variables(agent.collect_policy, step)
+    # Nobody samples here: an error buffer of 1,000 would block the
+    # collector's inserts (and with them its variable pulls and stats
+    # reports) once it wrote ~1,000 windows, which a fast start reaches
+    # before its first report.
     tables = [replay_table(agent.collect_data_spec, 2, samples_per_insert=1.0, min_size=1,
-                           error_buffer=1000.0), collector.variable_table(variables)]
+                           error_buffer=1e7), collector.variable_table(variables)]
     server = reverb.Server(tables + ([collector.stats_table()] if with_stats else []))
     address = f"localhost:{server.port}"
     from tf_agents.experimental.distributed import reverb_variable_container

@@ -64,7 +64,10 @@ def test_the_run_prints_only_its_own_labelled_lines(finished_run):
     """smoke.gin as shipped: a quiet start and a quiet run (test_quiet_start)."""
     _, proc = finished_run
     assert third_party_lines(proc) == []
-    assert lines_before_progress(proc.stdout.splitlines()) == []
+    # An evaluation may finish before the first progress line (log_interval_secs
+    # is 1 s): alf_async's own line, nothing else.
+    assert [line for line in lines_before_progress(proc.stdout.splitlines())
+            if not line.startswith("[alf_async] eval at train step ")] == []
     lines = proc.stdout.splitlines()
     assert lines and all(line.startswith("[alf_async] ") for line in lines), lines
     assert any(" | collect policy AverageReturn " in line for line in lines)
