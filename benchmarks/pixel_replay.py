@@ -106,6 +106,7 @@ def main():
     parser.add_argument("--checkpoint_dir", default=None,
                         help="also time a checkpoint of the replay here (emptied first)")
     args = parser.parse_args()
+    machine = host()  # its calibration before TensorFlow and the replay load
 
     import tensorflow as tf
     from tf_agents.trajectories import trajectory
@@ -175,7 +176,7 @@ def main():
         print(f"checkpoint of {held:,} held steps (capacity {capacity:,}): {nbytes / 2**20:,.1f} "
               f"MiB on disk ({nbytes / held:,.0f} bytes per held step), written in "
               f"{write_secs:.2f} s, restored in {restore_secs:.2f} s")
-        print(f"host: {host()}")
+        print(f"host: {machine}")
     print(f"({time.monotonic() - started:.0f} s)")
 
 
