@@ -366,9 +366,13 @@ class UniformReplayer(Replayer):
             v.scatter_nd_update(self._first_slots(t.shape[1]), t)
         return self._written.assign(restored_tensors["written"])
 
+    def _held(self):
+        """Per row [R]: the steps it holds."""
+        return tf.minimum(self._written, self._capacity)
+
     def _filled_slots(self):
         """Slots [0, n) of some row hold steps; no row holds any past n."""
-        return int(np.minimum(self._written.numpy(), self._capacity).max())
+        return int(tf.reduce_max(self._held()))
 
     def _first_slots(self, n):
         """The [rows, n, 2] (row, slot) indices of every row's slots [0, n)."""
@@ -450,7 +454,7 @@ class UniformReplayer(Replayer):
 
     def num_frames(self):
         """Steps currently held, summed over rows."""
-        return int(tf.reduce_sum(tf.minimum(self._written, self._capacity)))
+        return int(tf.reduce_sum(self._held()))
 
     def can_sample(self, num_steps):
         """True once some row holds a window of `num_steps` steps."""
@@ -459,7 +463,7 @@ class UniformReplayer(Replayer):
     def _windows(self, n):
         """Per row [R]: how many windows of `n` steps it holds, and the step
         (counted from the row's first write) the first of them starts at."""
-        held = tf.minimum(self._written, self._capacity)
+        held = self._held()
         skip = tf.where(self._written > self._capacity, tf.constant(self._history, tf.int64), 0)
         return tf.maximum(held - skip - n + 1, 0), self._written - held + skip
 
