@@ -33,6 +33,7 @@ import threading
 import time
 
 from child_runs import json_result, time_evaluations  # benchmarks/ is this script's directory
+from host_info import host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,6 +90,7 @@ def main():
                          args.seed, args.slow_cartpole_ms)
         print(json.dumps(record))
         return
+    machine = host()   # before the runs, on a quiet machine
     records = []
     for round_ in range(args.rounds):
         order = ["off", "on"] if round_ % 2 == 0 else ["on", "off"]
@@ -121,7 +123,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"gin_file": args.gin_file, "gin_params": args.gin_param,
                        "slow_cartpole_ms": args.slow_cartpole_ms, "seconds": args.seconds,
-                       "records": records}, f, indent=1)
+                       "records": records, "host": machine}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ import tempfile
 import threading
 import time
 
+from host_info import host  # benchmarks/ is this script's directory
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DISTRIBUTED_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole_distributed.gin")
 SINGLE_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
@@ -337,6 +339,7 @@ def main():
     parser.add_argument("--root", default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args()
+    machine = host()   # before the runs, on a quiet machine
     root = args.root or tempfile.mkdtemp(prefix="alf_async_distributed_")
     if args.kills:
         summary = kill_run((args.collectors or [2])[0], args.kills, args.kill_interval, root,
@@ -366,7 +369,7 @@ def main():
         print(json.dumps(summary["by_collectors"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+            json.dump(dict(summary, host=machine), f, indent=1)
     print(f"run directories in {root}")
 
 
