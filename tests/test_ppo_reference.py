@@ -188,6 +188,45 @@ def test_orthogonal_init_is_for_discrete_actors():
                          orthogonal_init=True)
 
 
+def _pixel_specs():
+    from tf_agents.specs import tensor_spec
+    action = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 2)
+    return ts.time_step_spec(tensor_spec.BoundedTensorSpec([12, 12, 2], tf.uint8, 0, 255)), action
+
+
+@pytest.mark.parametrize("builder", ["ppo_agent", "impala_agent"])
+def test_a_bfloat16_torso_computes_in_bfloat16_over_float32_variables(builder):
+    time_step_spec, action_spec = _pixel_specs()
+    make = lambda policy: getattr(agents, builder)(
+        time_step_spec, action_spec, tf.Variable(0, tf.int64), conv_layer_params=((4, 4, 2),),
+        **{"actor_fc_layer_params" if builder == "ppo_agent" else "fc_layer_params": (16,)},
+        torso_dtype_policy=policy)
+    tf.keras.utils.set_random_seed(0)
+    mixed = make("mixed_bfloat16")
+    tf.keras.utils.set_random_seed(0)
+    full = make("float32")
+    observation = tf.constant(np.random.default_rng(0).integers(0, 256, [3, 12, 12, 2]),
+                              tf.uint8)
+    time_step = ts.restart(observation, batch_size=3)
+    for agent in (mixed, full):
+        agent.collect_policy.action(time_step)                # builds every layer
+    for a, b in zip(mixed.collect_policy.variables(), full.collect_policy.variables()):
+        b.assign(a)                                           # the same weights
+    net = mixed._actor_net if builder == "ppo_agent" else mixed._network
+    layers = {layer.name: layer for layer in net._flatten_layers(include_self=False)}
+    torso = [l for name, l in layers.items() if name.startswith(("conv2d", "dense"))]
+    assert len(torso) == 2 and all(l.compute_dtype == "bfloat16" for l in torso)
+    assert all(v.dtype == tf.float32 for v in mixed.collect_policy.variables())
+    logits = lambda agent: agent.collect_policy.distribution(time_step).action.logits
+    assert logits(mixed).dtype == tf.float32                 # the heads stay float32
+    # bfloat16 keeps 8 bits of mantissa: the logits agree to ~1e-2 of their size.
+    np.testing.assert_allclose(logits(mixed), logits(full), atol=2e-2 * float(
+        tf.reduce_max(tf.abs(logits(full)))) + 1e-6)
+    with pytest.raises(ValueError, match=f"{builder}.torso_dtype_policy must be one of "
+                                         f"\\('float32', 'mixed_bfloat16'\\), got 'float16'"):
+        make("float16")
+
+
 def test_episode_log_records_each_episode_with_the_env_steps_it_ended_by():
     # Two rows, their unrolls of 3 arriving in turns; row 7 ends an episode
     # across two unrolls, row 2 ends one inside its second.

@@ -227,6 +227,20 @@ def _check_conv(binding, conv_layer_params):
     return None if conv_layer_params is None else tuple(tuple(c) for c in conv_layer_params)
 
 
+# Keras dtype policies a torso may compute in. 'mixed_bfloat16': bfloat16
+# convolutions and matmuls over float32 variables (the heads, losses and
+# optimizer stay float32); oneDNN runs them on AMX or AVX-512 BF16 where the
+# CPU has them (docs: performance, where an env step's CPU goes).
+TORSO_DTYPE_POLICIES = ("float32", "mixed_bfloat16")
+
+
+def _torso_dtype(binding, policy):
+    """The `dtype` tf-agents' EncodingNetwork gives its conv and dense layers."""
+    if policy not in TORSO_DTYPE_POLICIES:
+        raise ValueError(f"{binding} must be one of {TORSO_DTYPE_POLICIES}, got {policy!r}")
+    return tf.float32 if policy == "float32" else tf.keras.mixed_precision.Policy(policy)
+
+
 def _check_count(binding, value):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{binding} must be an int >= 1, got {value!r}")
@@ -237,7 +251,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
               value_fc_layer_params=(64, 64), conv_layer_params=None, learning_rate=3e-4,
               adam_epsilon=1e-5, num_epochs=4, num_minibatches=4, shared_torso=None,
               orthogonal_init=False, advantage_normalization="batch",
-              learning_rate_decay_steps=None):
+              learning_rate_decay_steps=None, torso_dtype_policy="float32"):
     """tf-agents' PPOClipAgent with an actor-distribution and a value network
     and Adam, trained in minibatches (`ppo.MinibatchPPOClipAgent`).
 
@@ -284,6 +298,10 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             `learning_rate` to 0 over this many gradient steps (ppo2's and
             CleanRL's annealing over the whole run: num_env_steps / batch x
             epochs x minibatches), then stays 0; None: constant.
+        torso_dtype_policy: the Keras dtype policy of the discrete
+            networks' conv and dense layers (`TORSO_DTYPE_POLICIES`):
+            'mixed_bfloat16' computes them in bfloat16 over float32
+            variables; the heads, losses and optimizer stay float32.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
     _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
@@ -313,6 +331,10 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     if orthogonal_init and not discrete:
         raise ValueError("ppo_agent.orthogonal_init: ppo2's initialization is for the discrete "
                          "actor; continuous actions have tf-agents' MuJoCo actor")
+    dtype = _torso_dtype("ppo_agent.torso_dtype_policy", torso_dtype_policy)
+    if torso_dtype_policy != "float32" and not discrete:
+        raise ValueError("ppo_agent.torso_dtype_policy: a bfloat16 torso is for the discrete "
+                         "actor; continuous actions have tf-agents' MuJoCo actor")
     initializers = {}
     if orthogonal_init:
         initializers = dict(
@@ -324,7 +346,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         actor_net = actor_class(
             observation_spec, action_spec, preprocessing_layers=scale, conv_layer_params=conv,
             fc_layer_params=tuple(actor_fc_layer_params), activation_fn=activation,
-            **initializers)
+            dtype=dtype, **initializers)
     else:
         actor_net = ppo_actor_network.PPOActorNetwork().create_sequential_actor_net(
             tuple(actor_fc_layer_params), action_spec)
@@ -334,7 +356,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         value_net = value_network.ValueNetwork(
             observation_spec, preprocessing_layers=_scale_pixels(observation_spec),
             conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
-            activation_fn=activation,
+            activation_fn=activation, dtype=dtype,
             kernel_initializer=initializers.get("kernel_initializer"))
     optimizer = tf.keras.optimizers.Adam(
         _linear_decay(learning_rate, learning_rate_decay_steps), epsilon=adam_epsilon)
@@ -351,7 +373,8 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
 @gin.configurable
 def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_params=None,
                  fc_layer_params=(64, 64), learning_rate=6e-4, optimizer_fn=None,
-                 orthogonal_init=False, learning_rate_decay_steps=None):
+                 orthogonal_init=False, learning_rate_decay_steps=None,
+                 torso_dtype_policy="float32"):
     """An `impala.ImpalaAgent` (V-trace actor-critic) with one shared-torso
     `ActorCriticNetwork`; discrete actions only. Its other arguments (discount,
     entropy, coefficients, V-trace clips, gradient clipping, reward clipping)
@@ -375,6 +398,8 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
         learning_rate_decay_steps: the learning rate falls linearly from
             `learning_rate` to 0 over this many gradient steps (one per
             batch), as a2c's; None: constant.
+        torso_dtype_policy: the Keras dtype policy of the torso's conv and
+            dense layers, as `ppo_agent`'s.
     """
     conv = _check_conv("impala_agent.conv_layer_params", conv_layer_params)
     _check_layers("impala_agent.fc_layer_params", fc_layer_params)
@@ -387,7 +412,8 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
     net = impala.ActorCriticNetwork(
         time_step_spec.observation, action_spec, conv_layer_params=conv,
         fc_layer_params=fc_layer_params,
-        kernel_initializer=FreshOrthogonal(2.0 ** 0.5) if orthogonal_init else None)
+        kernel_initializer=FreshOrthogonal(2.0 ** 0.5) if orthogonal_init else None,
+        dtype=_torso_dtype("impala_agent.torso_dtype_policy", torso_dtype_policy))
     optimizer = (optimizer_fn or tf.keras.optimizers.Adam)(
         _linear_decay(learning_rate, learning_rate_decay_steps))
     agent = impala.ImpalaAgent(time_step_spec, action_spec, net, optimizer,

@@ -75,6 +75,8 @@ class ActorCriticNetwork(network.Network):
         activation_fn: the torso's activation.
         kernel_initializer: the torso's kernel initializer (None:
             tf-agents' EncodingNetwork's: He, truncated normal).
+        dtype: the torso's conv and dense layers' dtype or Keras dtype
+            policy (the heads are float32).
         name: the network's name.
 
     Calling it on observations [..., obs] returns ((logits [..., A], values [...]), state).
@@ -82,7 +84,7 @@ class ActorCriticNetwork(network.Network):
 
     def __init__(self, observation_spec, action_spec, conv_layer_params=None,
                  fc_layer_params=(256,), activation_fn=tf.keras.activations.relu,
-                 kernel_initializer=None, name="ActorCriticNetwork"):
+                 kernel_initializer=None, dtype=tf.float32, name="ActorCriticNetwork"):
         super().__init__(input_tensor_spec=observation_spec, state_spec=(), name=name)
         if action_spec.shape.rank != 0 or not action_spec.dtype.is_integer:
             raise ValueError(f"ActorCriticNetwork needs one discrete action (a scalar integer "
@@ -95,7 +97,7 @@ class ActorCriticNetwork(network.Network):
             conv_layer_params=None if conv_layer_params is None else tuple(
                 tuple(c) for c in conv_layer_params),
             fc_layer_params=tuple(fc_layer_params), activation_fn=activation_fn,
-            kernel_initializer=kernel_initializer)
+            kernel_initializer=kernel_initializer, dtype=dtype)
         self._logits = tf.keras.layers.Dense(
             num_actions, kernel_initializer=tf.keras.initializers.Orthogonal(0.01),
             name="policy_logits")
