@@ -46,6 +46,10 @@ STACK = [
     "numpy<2",
     # SubprocessEnv pickles env constructors with it (already a tf-agents dependency).
     "cloudpickle>=1.3",
+    # TensorFlow's grpcio, at the newest release that does not require
+    # typing-extensions ~= 4.12 (tf-agents 0.19 pins 4.5.0): pip reaches it
+    # anyway, after minutes of backtracking through 1.75-1.85.
+    "grpcio==1.74.0",
 ]
 
 GYMNASIUM = "gymnasium==1.3.0"
@@ -69,7 +73,10 @@ ATARI = [GYMNASIUM, "ale-py==0.12.1", "opencv-python-headless<4.11"]
 # EnvPool (suite_envpool): C++ threads step Atari and MuJoCo games without the
 # GIL. 1.2.5 installs beside the pinned stack with `pip check` clean (~700 MB
 # with its game assets).
-ENVPOOL = [GYMNASIUM, "envpool==1.2.5"]
+ENVPOOL = [GYMNASIUM, "envpool==1.2.5",
+           # EnvPool's optree at the release pip backtracks to from 0.16-0.19
+           # (they need a newer typing-extensions than tf-agents' 4.5.0).
+           "optree==0.15.0"]
 # The benchmarks' plots (benchmarks/wall_clock_learning.py).
 BENCH = ["matplotlib==3.11.2"]
 # The documentation site (mkdocs.yml, docs/): `mkdocs build --strict`, which
