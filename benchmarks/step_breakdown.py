@@ -32,7 +32,8 @@ one after the other, and each child measures:
    network's FLOPs per env step at the rate this host's TensorFlow reaches
    in a 2048 x 2048 matmul or a Nature-CNN convolution at batch 256, in
    FLOPs per CPU second, in the torso's compute dtype (bfloat16 with
-   `torso_dtype_policy = 'mixed_bfloat16'`). The FLOPs: TensorFlow's
+   `torso_dtype_policy = 'mixed_bfloat16'`, or 'auto' on a CPU with AMX or
+   AVX-512 BF16). The FLOPs: TensorFlow's
    profiler on the collect policy's forward pass (the actor network); the
    learner's, that pass times 3 per gradient pass (the usual estimate),
    times PPO's epochs, plus PPO's value pass over the batch. With the value
@@ -200,8 +201,10 @@ def floors(agent, time_step_spec, secs, rows):
     forward = forward_flops(agent.collect_policy, time_step_spec)
     passes = 1 + 3 * agent._num_epochs if hasattr(agent, "_num_epochs") else 3
     # The torso's compute dtype (agents.TORSO_DTYPE_POLICIES) sets the rate.
+    from alf_async.learning import agents
     policy = wcl._query(f"{unroll_sync._builder_name()}.torso_dtype_policy", "float32")
-    dtype = "bfloat16" if policy == "mixed_bfloat16" else "float32"
+    bf16 = policy == "mixed_bfloat16" or (policy == "auto" and agents.cpu_has_bf16())
+    dtype = "bfloat16" if bf16 else "float32"
     rate = flop_rate(secs, dtype)
     result = dict(forward_flops=forward, learner_passes=passes, flops_per_cpu_sec=rate,
                   flops_dtype=dtype,

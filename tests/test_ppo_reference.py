@@ -223,8 +223,27 @@ def test_a_bfloat16_torso_computes_in_bfloat16_over_float32_variables(builder):
     np.testing.assert_allclose(logits(mixed), logits(full), atol=2e-2 * float(
         tf.reduce_max(tf.abs(logits(full)))) + 1e-6)
     with pytest.raises(ValueError, match=f"{builder}.torso_dtype_policy must be one of "
-                                         f"\\('float32', 'mixed_bfloat16'\\), got 'float16'"):
+                                         f"\\('float32', 'mixed_bfloat16', 'auto'\\), "
+                                         f"got 'float16'"):
         make("float16")
+
+
+def test_auto_torso_is_bfloat16_where_the_cpu_has_amx_or_avx512_bf16(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    for flags, has in (("fpu sse avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
+                       ("fpu amx_tile amx_bf16", True)):
+        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n")
+        assert agents.cpu_has_bf16(str(cpuinfo)) is has
+    assert agents.cpu_has_bf16(str(tmp_path / "missing")) is False
+    time_step_spec, action_spec = _pixel_specs()
+    for has, compute in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(agents, "cpu_has_bf16", lambda has=has: has)
+        agent = agents.ppo_agent(time_step_spec, action_spec, tf.Variable(0, tf.int64),
+                                 conv_layer_params=((4, 4, 2),), actor_fc_layer_params=(16,),
+                                 torso_dtype_policy="auto")
+        conv = [l for l in agent._actor_net._flatten_layers(include_self=False)
+                if l.name.startswith("conv2d")]
+        assert [l.compute_dtype for l in conv] == [compute]
 
 
 def test_episode_log_records_each_episode_with_the_env_steps_it_ended_by():

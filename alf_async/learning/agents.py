@@ -229,15 +229,33 @@ def _check_conv(binding, conv_layer_params):
 
 # Keras dtype policies a torso may compute in. 'mixed_bfloat16': bfloat16
 # convolutions and matmuls over float32 variables (the heads, losses and
-# optimizer stay float32); oneDNN runs them on AMX or AVX-512 BF16 where the
-# CPU has them (docs: performance, where an env step's CPU goes).
-TORSO_DTYPE_POLICIES = ("float32", "mixed_bfloat16")
+# optimizer stay float32), which oneDNN runs on AMX or AVX-512 BF16 (docs:
+# performance, where a Pong env step's CPU goes); a CPU without them
+# emulates bfloat16, slower than float32. 'auto': 'mixed_bfloat16' where
+# the CPU has them, else 'float32'.
+TORSO_DTYPE_POLICIES = ("float32", "mixed_bfloat16", "auto")
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
+    """True when the CPU lists AMX or AVX-512 BF16 (Linux's cpuinfo flags);
+    False where they cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool(set(line.split(":", 1)[1].split()) & set(BF16_CPU_FLAGS))
+    except OSError:
+        pass
+    return False
 
 
 def _torso_dtype(binding, policy):
     """The `dtype` tf-agents' EncodingNetwork gives its conv and dense layers."""
     if policy not in TORSO_DTYPE_POLICIES:
         raise ValueError(f"{binding} must be one of {TORSO_DTYPE_POLICIES}, got {policy!r}")
+    if policy == "auto":
+        policy = "mixed_bfloat16" if cpu_has_bf16() else "float32"
     return tf.float32 if policy == "float32" else tf.keras.mixed_precision.Policy(policy)
 
 
@@ -301,7 +319,10 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         torso_dtype_policy: the Keras dtype policy of the discrete
             networks' conv and dense layers (`TORSO_DTYPE_POLICIES`):
             'mixed_bfloat16' computes them in bfloat16 over float32
-            variables; the heads, losses and optimizer stay float32.
+            variables (the heads, losses and optimizer stay float32);
+            'auto' does so where the CPU has AMX or AVX-512 BF16
+            (`cpu_has_bf16`). The variables are float32 either way, so a
+            checkpoint restores under any of them.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
     _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
