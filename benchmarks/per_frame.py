@@ -98,18 +98,9 @@ def run_alf_async(seed, env_steps, root_dir, log):
 
 def run_tf_agents(seed, env_steps, log):
     """The synchronous loop until `env_steps`, each collected batch fed to `log`."""
-    import gin
-
     import wall_clock_learning as wcl
-    from alf_async.trainer import _set_threads
-    q = gin.query_parameter
-    _set_threads(wcl._query("train.inter_op_threads", None),
-                 wcl._query("train.intra_op_threads", None))
-    env = wcl._sync_envs("gym_batch", q("train.suite"), q("train.env_name"),
-                         q("train.num_envs") * q("train.env_batch_size"), seed)
-    record = unroll_sync.learning_run(seed, float("inf"), 0, env, wcl._eval_policy,
-                                      wcl._raw_rate, wcl._cpu_secs, wcl._peak_rss_mb,
-                                      num_env_steps=env_steps, exp_observers=[log])
+    record = wcl.run_unroll_sync(seed, float("inf"), "gym_batch", 0,
+                                 num_env_steps=env_steps, exp_observers=[log])
     return dict(env_steps=record["env_steps"], train_steps=record["train_steps"],
                 loop_secs=record["loop_secs"], evaluations=record["evaluations"],
                 policy_lag=0.0)

@@ -200,11 +200,10 @@ def floors(agent, time_step_spec, secs, rows):
     env_name = gin.query_parameter("train.env_name")
     forward = forward_flops(agent.collect_policy, time_step_spec)
     passes = 1 + 3 * agent._num_epochs if hasattr(agent, "_num_epochs") else 3
-    # The torso's compute dtype (agents.TORSO_DTYPE_POLICIES) sets the rate.
+    # The torso's compute dtype sets the rate.
     from alf_async.learning import agents
-    policy = wcl._query(f"{unroll_sync._builder_name()}.torso_dtype_policy", "float32")
-    bf16 = policy == "mixed_bfloat16" or (policy == "auto" and agents.cpu_has_bf16())
-    dtype = "bfloat16" if bf16 else "float32"
+    dtype = agents.torso_compute_dtype(
+        wcl._query(f"{unroll_sync._builder_name()}.torso_dtype_policy", "float32"))
     rate = flop_rate(secs, dtype)
     result = dict(forward_flops=forward, learner_passes=passes, flops_per_cpu_sec=rate,
                   flops_dtype=dtype,
@@ -245,17 +244,8 @@ def run_side(side, seed, seconds, window, root_dir):
         finally:
             timer.cancel()
         return
-    import gin
-
     import wall_clock_learning as wcl
-    from alf_async.trainer import _set_threads
-    q = gin.query_parameter
-    _set_threads(wcl._query("train.inter_op_threads", None),
-                 wcl._query("train.intra_op_threads", None))
-    env = wcl._sync_envs("gym_batch", q("train.suite"), q("train.env_name"),
-                         q("train.num_envs") * q("train.env_batch_size"), seed)
-    unroll_sync.learning_run(seed, seconds, 0, env, wcl._eval_policy, wcl._raw_rate,
-                             wcl._cpu_secs, wcl._peak_rss_mb, exp_observers=[window])
+    wcl.run_unroll_sync(seed, seconds, "gym_batch", 0, exp_observers=[window])
 
 
 def one_run(args):

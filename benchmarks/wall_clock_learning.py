@@ -319,6 +319,28 @@ def _eval_policy(agent):
                        _query("train.eval_epsilon", None))
 
 
+def set_train_threads():
+    """TF's thread pools as train() sizes them from the gin file (before TF
+    runs its first op; a second call with the same sizes does nothing)."""
+    from alf_async.trainer import _set_threads
+    _set_threads(_query("train.inter_op_threads", None),
+                 _query("train.intra_op_threads", None))
+
+
+def run_unroll_sync(seed, seconds, sync_env, raw_secs, **kwargs):
+    """The synchronous side for an unroll agent (PPO, IMPALA):
+    `unroll_sync.learning_run` on the gin file's environments, with train()'s
+    thread pools; `kwargs` are learning_run's (num_env_steps, exp_observers).
+    Returns its record."""
+    import gin
+    q = gin.query_parameter
+    set_train_threads()
+    env = _sync_envs(sync_env, q("train.suite"), q("train.env_name"),
+                     q("train.num_envs") * q("train.env_batch_size"), seed)
+    return unroll_sync.learning_run(seed, seconds, raw_secs, env, _eval_policy, _raw_rate,
+                                    _cpu_secs, _peak_rss_mb, **kwargs)
+
+
 def run_tf_agents(seed, seconds, sync_env, raw_secs):
     """tf-agents' synchronous loop with the same gin-configured agent and
     settings; then its train step's raw rate on its own replay.
@@ -342,10 +364,7 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
 
     q = gin.query_parameter
     if unroll_sync.is_unroll_task():
-        return unroll_sync.learning_run(seed, seconds, raw_secs, _sync_envs(
-            sync_env, q("train.suite"), q("train.env_name"),
-            q("train.num_envs") * q("train.env_batch_size"), seed), _eval_policy, _raw_rate,
-                                        _cpu_secs, _peak_rss_mb)
+        return run_unroll_sync(seed, seconds, sync_env, raw_secs)
     suite, env_name = q("train.suite"), q("train.env_name")
     num_rows = q("train.num_envs") * q("train.env_batch_size")
     steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(
@@ -463,10 +482,7 @@ def one_run(args):
     if args.one == "alf_async":
         record = run_alf_async(args.seed, seconds, args.root_dir, args.raw_secs)
     else:
-        # The same TF thread pools as train() sets from the gin file.
-        from alf_async.trainer import _set_threads
-        _set_threads(_query("train.inter_op_threads", None),
-                     _query("train.intra_op_threads", None))
+        set_train_threads()   # the same TF thread pools as train() sets
         record = run_tf_agents(args.seed, seconds, args.sync_env, args.raw_secs)
     record["gin_config"] = config
     record["host"] = machine

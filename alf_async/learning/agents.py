@@ -250,13 +250,21 @@ def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
     return False
 
 
+def torso_compute_dtype(policy):
+    """'bfloat16' or 'float32': what a torso of `torso_dtype_policy` `policy`
+    computes in on this CPU ('auto' resolved by `cpu_has_bf16`)."""
+    if policy == "auto":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    return "bfloat16" if policy == "mixed_bfloat16" else "float32"
+
+
 def _torso_dtype(binding, policy):
     """The `dtype` tf-agents' EncodingNetwork gives its conv and dense layers."""
     if policy not in TORSO_DTYPE_POLICIES:
         raise ValueError(f"{binding} must be one of {TORSO_DTYPE_POLICIES}, got {policy!r}")
-    if policy == "auto":
-        policy = "mixed_bfloat16" if cpu_has_bf16() else "float32"
-    return tf.float32 if policy == "float32" else tf.keras.mixed_precision.Policy(policy)
+    if torso_compute_dtype(policy) == "float32":
+        return tf.float32
+    return tf.keras.mixed_precision.Policy("mixed_bfloat16")
 
 
 def _check_count(binding, value):
