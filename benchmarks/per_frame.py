@@ -39,8 +39,9 @@ steps and depends on it a little); the wall-clock ones do.
 
 What it prints: per run and mark (`--marks`, millions of frames), the mean
 score of the last 10 training episodes ended by then, the median over
-seeds, and the published curve's value there; and draws both curves
-beside it (`per_frame_<names>.png`).
+seeds, and each published curve's value there (`--reference`: ppo2 and
+RL Baselines3 Zoo's PPO for PPO, the zoo's A2C for IMPALA); and draws the
+runs' curves beside them (`per_frame_<names>.png`).
 """
 
 import argparse
@@ -53,6 +54,7 @@ import subprocess
 import sys
 import time
 
+import published_curves
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
 from host_info import describe, host
 from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
@@ -61,12 +63,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("alf_async", "tf_agents")
 # Training episodes averaged for a curve's point (its games' last scores).
 WINDOW = 10
-# Published curves, (agent steps, training-episode score); see their sources
-# in wall_clock_report.py.
+# Published curves, name: (label, ((agent steps, training-episode score), ...));
+# their sources in wall_clock_report.py (ppo2) and published_curves.py (the zoo's).
 REFERENCES = {
     "ppo2_pong": ("OpenAI baselines ppo2, PongNoFrameskip-v4 (openrlbenchmark)",
                   BASELINES_PPO2_PONG),
-    "none": (None, ()),
+    **{name: published_curves.load(name) for name in published_curves.ZOO_AGENTS},
 }
 
 
@@ -152,6 +154,61 @@ def recent_mean(episodes, env_steps, window=WINDOW):
     return sum(scores) / len(scores) if scores else None
 
 
+def steps_to(points, score):
+    """The env steps at which a curve [(env steps, score), ...] first reads
+    `score` or more, linearly between its points (None if it never does)."""
+    previous = None
+    for steps, value in points:
+        if value >= score:
+            if previous is None or previous[1] == value:
+                return steps
+            x0, y0 = previous
+            return x0 + (steps - x0) * (score - y0) / (value - y0)
+        previous = (steps, value)
+    return None
+
+
+def run_curve(episodes):
+    """A run's curve: (env steps, mean of the last `WINDOW` scores) at each
+    training episode's end from the `WINDOW`-th on."""
+    return [(steps, recent_mean(episodes, steps)) for steps, _, _ in episodes[WINDOW - 1:]]
+
+
+def _frames(steps):
+    return "-" if steps is None else f"{steps * FRAMES_PER_STEP / 1e6:.2f}M"
+
+
+def frames_to_scores(records, scores, references):
+    """Prints, per score, the frames each run's curve took to reach it, the
+    median over a group's seeds (`median_steps`) and each published curve's."""
+    if not scores:
+        return
+    print(f"\nFrames (millions) to a training score (mean of the last {WINDOW}) of | "
+          + " | ".join(f"{s:+g}" for s in scores))
+    groups = {}
+    for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
+        curve = run_curve(r["episodes"])
+        reached = [steps_to(curve, s) for s in scores]
+        groups.setdefault((r["name"], r["side"]), []).append(reached)
+        print(f"{r['name']} {r['side']} seed {r['seed']} (to {_frames(r['env_steps'])}) | "
+              + " | ".join(_frames(x) for x in reached))
+    for (name, side), rows in sorted(groups.items()):
+        medians = [median_steps([row[k] for row in rows]) for k in range(len(scores))]
+        print(f"{name} {side} median of {len(rows)} | " + " | ".join(_frames(m) for m in medians))
+    for name in references:
+        label, curve = REFERENCES[name]
+        print(f"{label} | " + " | ".join(_frames(steps_to(curve, s)) for s in scores))
+
+
+def median_steps(reached):
+    """The median of seeds' env steps to a score, a seed that stopped
+    before it (None) counting as later than all the others (None if the
+    median falls on such a seed)."""
+    ordered = sorted(reached, key=lambda x: float("inf") if x is None else x)
+    low, high = ordered[(len(ordered) - 1) // 2], ordered[len(ordered) // 2]
+    return None if low is None or high is None else (low + high) / 2
+
+
 def reference_at(curve, env_steps):
     """The published curve's score at `env_steps`, linearly between its
     points (None outside them)."""
@@ -171,10 +228,9 @@ def _fmt(value):
     return "-" if value is None else f"{value:+.1f}"
 
 
-def report(records, marks, reference, out_dir):
-    """Prints the table (a row per run, then the median per name and side)
-    and draws the picture."""
-    label, curve = REFERENCES[reference]
+def report(records, marks, references, out_dir, scores=()):
+    """Prints the table (a row per run, the median per name and side, a
+    row per published curve), the frames to `scores`, and draws the picture."""
     steps_at = [m * 1e6 / FRAMES_PER_STEP for m in marks]
     head = " | ".join(f"{m:g}M frames" for m in marks)
     print(f"\nTraining-episode score (mean of the last {WINDOW} episodes) at | {head} | "
@@ -194,12 +250,14 @@ def report(records, marks, reference, out_dir):
         medians = [statistics.median([v[k] for v in rows if v[k] is not None])
                    if any(v[k] is not None for v in rows) else None for k in range(len(marks))]
         print(f"{name} {side} median of {len(rows)} | " + " | ".join(_fmt(m) for m in medians))
-    if curve:
+    for name in references:
+        label, curve = REFERENCES[name]
         print(f"{label} | " + " | ".join(_fmt(reference_at(curve, s)) for s in steps_at))
-    _draw(records, label, curve, out_dir)
+    frames_to_scores(records, scores, references)
+    _draw(records, references, out_dir)
 
 
-def _draw(records, label, curve, out_dir):
+def _draw(records, references, out_dir):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -222,13 +280,15 @@ def _draw(records, label, curve, out_dir):
         right.plot([e[1] * FRAMES_PER_STEP / 1e6 for e in ev], [e[3] for e in ev],
                    color=colors[key], marker="o", ms=3, lw=1.0, alpha=0.8,
                    label=f"{key[0]} ({key[1]})" if first else None)
-    # The published curve as far as the runs go (and its next point).
+    # The published curves as far as the runs go (and their next point).
     last = max(r["env_steps"] for r in records)
-    shown = [p for k, p in enumerate(curve) if k == 0 or curve[k - 1][0] < last]
-    for ax in (left, right):
-        if shown:
+    for name, style in zip(references, ("-", "--", ":")):
+        label, curve = REFERENCES[name]
+        shown = [p for k, p in enumerate(curve) if k == 0 or curve[k - 1][0] < last]
+        for ax in (left, right):
             ax.plot([x * FRAMES_PER_STEP / 1e6 for x, _ in shown], [y for _, y in shown],
-                    color="black", marker="x", lw=1.0, label=label)
+                    color="black", linestyle=style, lw=1.0, label=label)
+    for ax in (left, right):
         ax.set_xlim(0, last * FRAMES_PER_STEP / 1e6 * 1.05)
         ax.set_xlabel("frames (millions)")
         ax.grid(alpha=0.3)
@@ -266,9 +326,16 @@ def main():
     parser.add_argument("--out_dir", default="/tmp/alf_async_per_frame")
     parser.add_argument("--marks", type=float, nargs="+", default=[1.0, 2.5, 4.0],
                         help="millions of frames at which the table reads the curves")
-    parser.add_argument("--reference", choices=sorted(REFERENCES), default="ppo2_pong")
+    parser.add_argument("--reference", choices=sorted(REFERENCES), nargs="*",
+                        default=["ppo2_pong", "sb3_ppo_pong"],
+                        help="published curves to read and draw (none: no curve)")
+    parser.add_argument("--scores", type=float, nargs="*", default=[-19, -15, -10, 0],
+                        help="training scores whose frames the report gives per run")
     parser.add_argument("--from_json", nargs="+", metavar="JSON",
                         help="run nothing: report the records in these files, merged")
+    parser.add_argument("--label", nargs="*", default=[], metavar="OLD=NEW",
+                        help="with --from_json: report runs named OLD as NEW (the same "
+                             "settings recorded under an earlier name)")
     parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
@@ -278,11 +345,14 @@ def main():
         return one_run(args)
     os.makedirs(args.out_dir, exist_ok=True)
     if args.from_json:
+        renamed = dict(pair.split("=", 1) for pair in args.label)
         records = []
         for path in args.from_json:
             with open(path) as f:
-                records.append(json.load(f))
-        return report(records, args.marks, args.reference, args.out_dir)
+                record = json.load(f)
+            record["name"] = renamed.get(record["name"], record["name"])
+            records.append(record)
+        return report(records, args.marks, args.reference, args.out_dir, args.scores)
     records = []
     for seed in args.seeds:
         for side in args.sides:
@@ -309,7 +379,7 @@ def main():
             print(f"  {args.name} seed {seed} {side}: {record['env_steps']:,} env steps, "
                   f"{len(record['episodes'])} training episodes, "
                   f"{time.monotonic() - started:.0f} s", flush=True)
-    return report(records, args.marks, args.reference, args.out_dir)
+    return report(records, args.marks, args.reference, args.out_dir, args.scores)
 
 
 if __name__ == "__main__":
