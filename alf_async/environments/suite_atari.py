@@ -33,7 +33,10 @@ Frames count against `max_num_frames_per_episode` from the reset, no-ops
 included. With `terminal_on_life_loss` a lost life ends the episode as a
 termination and the next episode starts a new game (gymnasium's
 semantics). Rewards are the game score, unclipped: clipping is the
-learner's business.
+learner's business. Against OpenAI baselines' wrappers (the published PPO
+and A2C curves), Pong's observations are the same pixel for pixel but at
+a game over (tests/test_atari_preprocessing.py); no FIRE is pressed at a
+reset (baselines' `FireResetEnv`: Pong serves by itself).
 
 gin: the knobs are bound as `suite_atari.<knob>` (the configurable
 `preprocessing`, registered under the name 'suite_atari' so as not to clash
