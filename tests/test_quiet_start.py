@@ -166,7 +166,7 @@ def _params(configs):
 def test_a_shipped_config_starts_quietly(runs, gin_file):
     root_dir, run = runs[gin_file]
     returncode, lines = run.result()
-    assert returncode == 0, lines[-40:]
+    assert returncode == 0, "\n".join(lines[-40:])   # the whole traceback, unabridged
     assert lines_before_progress(lines) == [], lines[:40]
     assert len(lines) == 2, lines[:40]
     [progress, stopped] = lines
@@ -180,7 +180,7 @@ def test_a_shipped_config_starts_quietly(runs, gin_file):
 def test_a_shipped_job_that_waits_for_others_starts_quietly(runs, gin_file):
     root_dir, run = runs[gin_file]
     returncode, lines = run.result()
-    assert returncode == 0, lines[-40:]
+    assert returncode == 0, "\n".join(lines[-40:])
     assert len(lines) == 4, lines[:40]
     [ready, signalled, progress, stopped] = lines
     assert re.fullmatch(WAITING[gin_file][2].format(root_dir=re.escape(root_dir)), ready), ready
