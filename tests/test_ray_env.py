@@ -18,7 +18,8 @@ from alf_async import AsyncOffPolicyDriver  # noqa: E402
 from alf_async.environments import ray_env  # noqa: E402
 from alf_async.environments.ray_env import (RayBatchedEnv, RayEnvCrashError,  # noqa: E402
                                             ray_env_constructor)
-from alf_async.testing.envs import OBS_STEP, CountingEnv, raising_env  # noqa: E402
+from alf_async.testing.envs import (OBS_STEP, CountingEnv, raising_env,  # noqa: E402
+                                   slow_to_build_env)
 
 FIRST, MID, LAST = 0, 1, 2
 RAY_PROCESS_NAMES = ("raylet", "gcs_server", "ray::", "default_worker.py")
@@ -123,3 +124,25 @@ def test_env_error_keeps_its_type_and_restart_limit_is_clear(no_ray_left):
                 env.step(np.zeros(1, np.int32))
     finally:
         env.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_new_actor_gets_init_timeout_to_start_and_a_step_step_timeout(no_ray_left):
+    # Ray starts a worker process for each actor: its first call (specs, or a
+    # replacement's reset) may take far longer than a step.
+    ray_env.ensure_ray(num_cpus=2)
+    build = functools.partial(slow_to_build_env, build_secs=3.0)
+    env = RayBatchedEnv(build, step_timeout=1.0, init_timeout=60.0, max_restarts=1)
+    try:
+        assert env.reset().step_type.tolist() == [FIRST]
+        assert env.step(np.zeros(1, np.int32)).step_type.tolist() == [MID]
+        ray.kill(env.actor_handles()[0])
+        deadline = time.monotonic() + 30
+        while env.restarts == 0 and time.monotonic() < deadline:
+            truncated = env.step(np.zeros(1, np.int32))
+        assert env.restarts == 1 and truncated.step_type.tolist() == [LAST]
+        assert env.step(np.zeros(1, np.int32)).step_type.tolist() == [FIRST]   # the new actor's
+    finally:
+        env.close()
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        RayBatchedEnv(build, step_timeout=60.0, init_timeout=0.5)

@@ -13,7 +13,9 @@ all at once and awaited together.
   "ray://head:10001") it joins that cluster. Closing an environment kills its
   actors; Ray itself runs until `shutdown()` or the end of the process.
 - An actor that dies (its node lost, `ray.kill`, the process crashed) or does
-  not answer within `step_timeout` is replaced, like a SubprocessEnv crash
+  not answer within `step_timeout` (`init_timeout` for a new actor's first
+  call, which includes starting its worker process) is replaced, like a
+  SubprocessEnv crash
   (recovery.py): its environments' episodes in flight end as truncations
   (LAST, discount 1, reward 0, the last observation), the next step returns
   the new actor's FIRST, and the restart is counted (`restarts`). A restart
@@ -147,6 +149,10 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
         num_cpus: CPUs of a local Ray (None: Ray's default).
         step_timeout: seconds an actor may take for one step before it is
             treated as lost and replaced.
+        init_timeout: seconds a new actor may take to answer its first call
+            (Ray starts a worker process, which imports the environment's
+            modules: tens of seconds on a loaded machine), as
+            SubprocessEnv's `init_timeout`.
         max_restarts: more than `max_restarts` actor restarts within
             `restart_window_secs` raise RayEnvCrashError.
         restart_window_secs: see `max_restarts`.
@@ -159,7 +165,7 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
 
 
     def __init__(self, env_constructor, envs_per_actor=1, actors_per_env=1, address=None,
-                 num_cpus=None, step_timeout=60.0, max_restarts=10,
+                 num_cpus=None, step_timeout=60.0, init_timeout=120.0, max_restarts=10,
                  restart_window_secs=600.0, actor_options=None, first_env_index=0):
         super().__init__(handle_auto_reset=False)
         self._closed = False
@@ -172,11 +178,12 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
         self._n = envs_per_actor
         self._first_index = first_env_index
         self._step_timeout = step_timeout
+        self._init_timeout = init_timeout
         self._last = None  # the last TimeStep returned, for truncations
         try:
             self._actors = [self._new_actor(k) for k in range(actors_per_env)]
             self._time_step_spec, self._action_spec = ray.get(
-                self._actors[0].specs.remote(), timeout=step_timeout)
+                self._actors[0].specs.remote(), timeout=init_timeout)
         except BaseException:
             self.close()
             raise
@@ -250,7 +257,7 @@ class RayBatchedEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
         except Exception:  # already gone
             pass
         self._actors[k] = self._new_actor(k)
-        first = ray.get(self._actors[k].reset.remote(), timeout=self._step_timeout)
+        first = ray.get(self._actors[k].reset.remote(), timeout=self._init_timeout)
         last = None if self._last is None else _rows(self._last, k * self._n, (k + 1) * self._n)
         return self._recovery.recover(first, last, reset=reset, key=k)
 

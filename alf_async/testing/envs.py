@@ -233,6 +233,12 @@ def raising_env(raise_on_step=2):
     return CountingEnv(raise_on_step=raise_on_step)
 
 
+def slow_to_build_env(build_secs=3.0):
+    """A CountingEnv that takes `build_secs` to construct."""
+    time.sleep(build_secs)
+    return CountingEnv()
+
+
 def hanging_env(hang_on_step=2):
     """Sleeps forever in its `hang_on_step`-th step."""
     return CountingEnv(hang_on_step=hang_on_step)
