@@ -40,8 +40,9 @@ steps and depends on it a little); the wall-clock ones do.
 What it prints: per run and mark (`--marks`, millions of frames), the mean
 score of the last 10 training episodes ended by then, the median over
 seeds, and each published curve's value there (`--reference`: ppo2 and
-RL Baselines3 Zoo's PPO for PPO, the zoo's A2C for IMPALA); and draws the
-runs' curves beside them (`per_frame_<names>.png`).
+RL Baselines3 Zoo's PPO for PPO, the zoo's A2C for IMPALA, none for other
+games); the frames each run, median and curve took to reach `--scores`;
+and draws the runs' curves beside them (`per_frame_<names>.png`).
 """
 
 import argparse
@@ -326,9 +327,9 @@ def main():
     parser.add_argument("--out_dir", default="/tmp/alf_async_per_frame")
     parser.add_argument("--marks", type=float, nargs="+", default=[1.0, 2.5, 4.0],
                         help="millions of frames at which the table reads the curves")
-    parser.add_argument("--reference", choices=sorted(REFERENCES), nargs="*",
+    parser.add_argument("--reference", choices=sorted(REFERENCES) + ["none"], nargs="*",
                         default=["ppo2_pong", "sb3_ppo_pong"],
-                        help="published curves to read and draw (none: no curve)")
+                        help="published curves to read and draw ('none' or nothing: none)")
     parser.add_argument("--scores", type=float, nargs="*", default=[-19, -15, -10, 0],
                         help="training scores whose frames the report gives per run")
     parser.add_argument("--from_json", nargs="+", metavar="JSON",
@@ -341,6 +342,7 @@ def main():
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.name = args.name or os.path.splitext(os.path.basename(args.gin_file))[0]
+    args.reference = [name for name in args.reference if name != "none"]
     if args.one:
         return one_run(args)
     os.makedirs(args.out_dir, exist_ok=True)
