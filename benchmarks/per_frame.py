@@ -62,8 +62,9 @@ from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("alf_async", "tf_agents")
-# Training episodes averaged for a curve's point (its games' last scores).
-WINDOW = 10
+# Training episodes averaged for a curve's point (its games' last scores),
+# as for the published curves' points.
+WINDOW = published_curves.WINDOW
 # Published curves, name: (label, ((agent steps, training-episode score), ...));
 # their sources in wall_clock_report.py (ppo2) and published_curves.py (the zoo's).
 REFERENCES = {

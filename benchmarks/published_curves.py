@@ -30,11 +30,12 @@ import json
 import os
 import subprocess
 
+from wall_clock_report import FRAMES_PER_STEP  # benchmarks/ (imports no TensorFlow)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CURVES_JSON = os.path.join(HERE, "results", "published_sb3_zoo_pong.json")
 ZOO_REPO = "DLR-RM/rl-trained-agents"
-FRAMES_PER_STEP = 4
-WINDOW = 10                # episodes a point averages (per_frame.py's window)
+WINDOW = 10                # episodes a point averages (per_frame.py's runs too)
 EVERY_FRAMES = 250_000     # frames between points
 # name: (the agent's directory in the zoo, its games, the curve's label)
 ZOO_AGENTS = {
