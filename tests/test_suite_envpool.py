@@ -3,7 +3,8 @@ suite_atari's and suite_gymnasium's specs, tf-agents' step semantics, seeded
 reproducibility, lockstep under tf-agents' DynamicStepDriver, and EnvPool's
 asynchronous mode as the driver's row stepping: each row a continuous stream,
 no Python thread per row, a row that is not ready holding up no other, and a
-stop that returns at once."""
+stop that returns at once; with `stepping='lockstep'` the same continuous
+streams from the env thread's graph loop."""
 
 import os
 import sys
@@ -21,6 +22,7 @@ from tf_agents.policies import random_tf_policy
 from alf_async import AsyncOffPolicyDriver
 from alf_async.driver.env_rows import row_envs, row_stepper
 from alf_async.environments import suite_envpool, suites
+from alf_async.environments.capabilities import steps_block
 from conftest import driver_threads
 from test_dynamic_batching import collect_until, rows_by_env
 
@@ -281,7 +283,7 @@ def test_lockstep_under_tf_agents_dynamic_step_driver():
 
 
 class LoggingPool(object):
-    """An EnvPool pool whose receives are logged per environment:
+    """An EnvPool pool whose receives (and resets) are logged per environment:
     (elapsed_step, crc32 of the newest frame), in the order they came."""
 
     def __init__(self, pool, log):
@@ -289,7 +291,12 @@ class LoggingPool(object):
         self._log = log
 
     def recv(self, *args, **kwargs):
-        out = self._pool.recv(*args, **kwargs)
+        return self._logged(self._pool.recv(*args, **kwargs))
+
+    def reset(self, *args, **kwargs):   # a synchronous pool's reset returns its frames
+        return self._logged(self._pool.reset(*args, **kwargs))
+
+    def _logged(self, out):
         obs, info = out[0], out[-1]
         for j, env_id in enumerate(info["env_id"]):
             self._log.setdefault(int(env_id), []).append(
@@ -322,18 +329,28 @@ def envpool_driver(B, T, recv_batch_size=None, **knobs):
                                 learn_queue_cap=1)
 
 
-@pytest.mark.parametrize("recv_batch_size", [1, None])
-def test_each_driver_row_is_the_pool_s_continuous_stream(pool_log, recv_batch_size):
+@pytest.mark.parametrize("recv_batch_size, stepping", [(1, "rows"), (None, "rows"),
+                                                       (None, "lockstep")])
+def test_each_driver_row_is_the_pool_s_continuous_stream(pool_log, recv_batch_size, stepping):
     B, T = 4, 8
     # 48 frames = 12 steps an episode: every row crosses episode boundaries.
-    driver = envpool_driver(B, T, recv_batch_size, max_num_frames_per_episode=48)
-    assert row_envs(driver.environments[0]) is driver.environments[0].pyenv
+    driver = envpool_driver(B, T, recv_batch_size, max_num_frames_per_episode=48,
+                            stepping=stepping)
+    pyenv = driver.environments[0].pyenv
+    if stepping == "rows":
+        assert type(pyenv) is suite_envpool.EnvPoolEnv
+        assert row_envs(driver.environments[0]) is pyenv
+    else:   # the whole pool is stepped in the env thread's graph loop
+        assert type(pyenv) is suite_envpool.LockstepEnvPoolEnv
+        assert row_envs(driver.environments[0]) is None and not steps_block(pyenv)
     driver.start()
     try:
         batches = collect_until(driver, lambda b: len(rows_by_env(b)) == B and len(b) >= 10,
                                 100)
+        mode = pyenv.mode   # EnvPool's asynchronous pool, or its synchronous one
     finally:
         driver.stop()
+    assert mode == stepping
     rows = rows_by_env(batches)
     assert sorted(rows) == list(range(B))
     for env_id, unrolls in rows.items():
@@ -416,8 +433,9 @@ def test_no_python_thread_per_row():
     assert not [t.name for t in threading.enumerate() if "_row" in t.name]
 
 
-def test_stop_returns_within_5_s_while_the_pool_steps():
-    driver = envpool_driver(8, 4)
+@pytest.mark.parametrize("stepping", ["rows", "lockstep"])
+def test_stop_returns_within_5_s_while_the_pool_steps(stepping):
+    driver = envpool_driver(8, 4, stepping=stepping)
     driver.start()
     driver.run_async()
     time.sleep(0.3)   # rows in flight, the learn queue full behind them
@@ -449,6 +467,8 @@ def test_unknown_ids_and_knobs_are_one_line_value_errors():
                                 suite_envpool.load, "Pong-v5", 4, recv_batch_size=5)
     assert_one_line_value_error("repeat_action_probability must be in", suite_envpool.load,
                                 "Pong-v5", repeat_action_probability=2)
+    assert_one_line_value_error(r"stepping must be one of \['rows', 'lockstep'\], got "
+                                r"'lock'", suite_envpool.load, "Pong-v5", stepping="lock")
 
 
 def test_envpool_missing_is_one_line_with_the_install_command(monkeypatch):

@@ -20,6 +20,17 @@ either way:
   whichever they are (envpool_rows.py, which also says how many rows one
   receive returns).
 
+The knob `stepping` says which way the driver steps it: 'rows' (the
+default: an `EnvPoolEnv`, a RowStepping batch) or 'lockstep' (a
+`LockstepEnvPoolEnv`, which is not: the env thread steps the whole pool in
+its graph loop, as it steps in-process games, with EnvPool's C++ threads
+stepping the rows in parallel while the GIL is free). Row by row no row
+waits for a slower one, which pays when steps take uneven time; lockstep
+costs less of the driver's CPU per step (one Python call per batch, not
+eager queue ops per row), which pays when the cores are the limit: PPO on
+Pong, with a learner beside the games on 2 cores, collected 1.09x the env
+steps/s in lockstep (docs: performance, "Pong (`ppo_pong.gin`)").
+
 The pool is made on first use in the mode of that use (an EnvPool pool's
 mode is fixed when it is made); a use in the other mode replaces it with a
 fresh pool of the same seed, whose rows start new episodes. Each row is a
@@ -70,7 +81,7 @@ Other tasks with one array observation (MuJoCo's 'HalfCheetah-v5',
 MuJoCo spaces) and the knob `max_episode_steps` (None: EnvPool's
 registered limit, gymnasium's too: 1000 for MuJoCo).
 
-Pool knobs, for every task: `num_threads`, EnvPool's C++ threads (None:
+Pool knobs, for every task: `stepping` ('rows' or 'lockstep', above), `num_threads`, EnvPool's C++ threads (None:
 min(batch_size, the cores this process may run on); EnvPool's own default,
 min(its batch size, cores), would give an asynchronous pool that receives
 one row at a time a single thread), and `recv_batch_size` (envpool_rows.py).
@@ -101,20 +112,21 @@ INSTALL_HINT = "suite_envpool needs envpool: pip install -e '.[envpool]'"
 ATARI_KNOBS = ("repeat_action_probability", "max_num_frames_per_episode", "noop_max",
                "frame_skip", "screen_size", "stack_size", "terminal_on_life_loss",
                "full_action_space")
-KNOBS = ("num_threads", "recv_batch_size", "max_episode_steps") + ATARI_KNOBS
+KNOBS = ("stepping", "num_threads", "recv_batch_size", "max_episode_steps") + ATARI_KNOBS
+STEPPINGS = ("rows", "lockstep")
 NO_TIME_LIMIT = 2 ** 30   # EnvPool's "no limit": it has none of its own
 _FIRST, _MID, _LAST = (np.int32(t) for t in (ts.StepType.FIRST, ts.StepType.MID,
                                              ts.StepType.LAST))
 
 
 @gin.configurable("suite_envpool")
-def options(num_threads=None, recv_batch_size=None, max_episode_steps=None,
+def options(stepping="rows", num_threads=None, recv_batch_size=None, max_episode_steps=None,
             repeat_action_probability=0.25, max_num_frames_per_episode=108_000, noop_max=30,
             frame_skip=4, screen_size=84, stack_size=4, terminal_on_life_loss=False,
             full_action_space=False):
     """The knobs (see the module docstring) as a dict: gin's configurable
     'suite_envpool'. Call `knob_values`, which checks them."""
-    return dict(num_threads=num_threads, recv_batch_size=recv_batch_size,
+    return dict(stepping=stepping, num_threads=num_threads, recv_batch_size=recv_batch_size,
                 max_episode_steps=max_episode_steps,
                 repeat_action_probability=repeat_action_probability,
                 max_num_frames_per_episode=max_num_frames_per_episode, noop_max=noop_max,
@@ -134,6 +146,9 @@ def knob_values(**knobs):
     if unknown:
         raise ValueError(f"suite_envpool: unknown knob(s) {unknown}; known: {list(KNOBS)}")
     values = options(**knobs)
+    if values["stepping"] not in STEPPINGS:
+        raise ValueError(f"suite_envpool: stepping must be one of {list(STEPPINGS)}, got "
+                         f"{values['stepping']!r}")
     rap = values["repeat_action_probability"]
     if not isinstance(rap, numbers.Real) or not 0.0 <= rap <= 1.0:
         raise ValueError(f"suite_envpool: repeat_action_probability must be in [0, 1], got "
@@ -240,18 +255,15 @@ def _specs(env_name, atari, pool_spec):
     return observation_spec, action_spec, atari
 
 
-class EnvPoolEnv(py_environment.PyEnvironment, capabilities.RowStepping):
-    """One EnvPool pool of `batch_size` environments as a batched PyEnvironment.
+class LockstepEnvPoolEnv(py_environment.PyEnvironment):
+    """One EnvPool pool of `batch_size` environments as a batched PyEnvironment,
+    stepped in lockstep by `reset()` / `step(actions)` (an EnvPool pool in
+    synchronous mode). See the module docstring for the semantics, and `load`
+    to build one (`stepping='lockstep'`).
 
-    Stepped in lockstep by `reset()` / `step(actions)` (an EnvPool pool in
-    synchronous mode), or row by row through `make_row_stepper` (an
-    asynchronous pool; envpool_rows.py). See the module docstring for the
-    semantics, and `load` to build one.
-
-    It declares `blocking_step = True` (capabilities.steps_block): its steps
-    wait, GIL released, on EnvPool's C++ threads, so the driver steps it off
-    TF's inter-op pool (row by row, as a RowStepping batch) and closes it at
-    once when it stops.
+    Its steps wait, GIL released, on EnvPool's C++ threads for about one step
+    of the environment: the driver steps it as it steps in-process games (in
+    the env thread's graph loop, on one of TF's inter-op threads).
 
     Threads: one thread at a time steps it (the env thread that owns it, or
     whoever calls `step`); every pool call is made under a lock, so
@@ -261,8 +273,6 @@ class EnvPoolEnv(py_environment.PyEnvironment, capabilities.RowStepping):
     C++ threads; a later call raises RuntimeError (the env thread of a
     stopping driver leaves quietly on it).
     """
-
-    blocking_step = True
 
     def __init__(self, env_name, batch_size, seed, settings, num_threads, recv_batch_size,
                  observation_spec, action_spec, channels_last, atari):
@@ -360,35 +370,6 @@ class EnvPoolEnv(py_environment.PyEnvironment, capabilities.RowStepping):
             time_step = [x[np.argsort(rows)] for x in time_step]
         return ts.TimeStep(*time_step)
 
-    # ------------------------------------------------------------ row by row
-
-    def make_row_stepper(self, on_step):
-        """An `envpool_rows.EnvPoolRows` over this environment's rows (the env
-        thread's; see capabilities.RowStepping)."""
-        return EnvPoolRows(self, on_step)
-
-    def reset_rows(self):
-        """Resets every row of an asynchronous pool; each comes back from
-        `recv_rows` (the row stepper's `start`)."""
-        with self._lock:
-            self._pool_for(self._recv_batch_size, "rows").async_reset()
-            self._ended[:] = True
-
-    def send_rows(self, rows, actions):
-        """Sends `rows` (int32 [n]) their `actions` ([n, ...]); returns at once."""
-        with self._lock:
-            self._open_pool().send(actions, rows)
-
-    def recv_rows(self):
-        """Waits until `recv_batch_size` rows in flight are done (EnvPool's
-        receive has no timeout: call it only with that many rows in flight).
-
-        Returns:
-            (rows int32 [k], [step_type, reward, discount, observation] each [k, ...]).
-        """
-        with self._lock:
-            return self._time_steps(self._open_pool().recv())
-
     # ------------------------------------------------------------- internals
 
     def _open_pool(self):
@@ -454,6 +435,49 @@ class EnvPoolEnv(py_environment.PyEnvironment, capabilities.RowStepping):
             self._free_pool()
 
 
+class EnvPoolEnv(LockstepEnvPoolEnv, capabilities.RowStepping):
+    """A `LockstepEnvPoolEnv` that the driver steps row by row through
+    `make_row_stepper` (an asynchronous pool; envpool_rows.py); `reset()` /
+    `step(actions)` still step it in lockstep. `load`'s default
+    (`stepping='rows'`).
+
+    It declares `blocking_step = True` (capabilities.steps_block): the driver
+    steps it off TF's inter-op pool (row by row, as a RowStepping batch) and
+    closes it at once when it stops. Threads: as LockstepEnvPoolEnv's.
+    """
+
+    blocking_step = True
+
+    # ------------------------------------------------------------ row by row
+
+    def make_row_stepper(self, on_step):
+        """An `envpool_rows.EnvPoolRows` over this environment's rows (the env
+        thread's; see capabilities.RowStepping)."""
+        return EnvPoolRows(self, on_step)
+
+    def reset_rows(self):
+        """Resets every row of an asynchronous pool; each comes back from
+        `recv_rows` (the row stepper's `start`)."""
+        with self._lock:
+            self._pool_for(self._recv_batch_size, "rows").async_reset()
+            self._ended[:] = True
+
+    def send_rows(self, rows, actions):
+        """Sends `rows` (int32 [n]) their `actions` ([n, ...]); returns at once."""
+        with self._lock:
+            self._open_pool().send(actions, rows)
+
+    def recv_rows(self):
+        """Waits until `recv_batch_size` rows in flight are done (EnvPool's
+        receive has no timeout: call it only with that many rows in flight).
+
+        Returns:
+            (rows int32 [k], [step_type, reward, discount, observation] each [k, ...]).
+        """
+        with self._lock:
+            return self._time_steps(self._open_pool().recv())
+
+
 def make_env(env_name, batch_size=1, seed=None, **knobs):
     """One EnvPool pool of `batch_size` environments as a batched PyEnvironment.
 
@@ -465,7 +489,8 @@ def make_env(env_name, batch_size=1, seed=None, **knobs):
             `suite_envpool.*` bindings, then the defaults.
 
     Returns:
-        An `EnvPoolEnv` (its pool is made on first use).
+        An `EnvPoolEnv`, or a `LockstepEnvPoolEnv` with `stepping='lockstep'`;
+            its pool is made on first use.
 
     Raises:
         ValueError: envpool missing, an unknown id, an unknown knob or one
@@ -491,8 +516,9 @@ def make_env(env_name, batch_size=1, seed=None, **knobs):
     envpool = _import_envpool()
     observation_spec, action_spec, channels_last = _specs(
         env_name, atari, envpool.make_spec(env_name, **settings))
-    return EnvPoolEnv(env_name, int(batch_size), int(seed), settings, int(num_threads), int(k),
-                      observation_spec, action_spec, channels_last, atari)
+    cls = EnvPoolEnv if values["stepping"] == "rows" else LockstepEnvPoolEnv
+    return cls(env_name, int(batch_size), int(seed), settings, int(num_threads), int(k),
+               observation_spec, action_spec, channels_last, atari)
 
 
 def load(env_name, batch_size=1, seed=None, **knobs):
