@@ -61,7 +61,7 @@ SINGLE_PROCESS = {
     "dqn_cartpole_ray.gin": (("ray",), []),
     "dqn_breakout_envpool.gin": (("envpool",), SMALL_PIXEL_REPLAY),
     "dqn_pong.gin": (("ale_py",), SMALL_PIXEL_REPLAY),
-    "ppo_pong.gin": (("ale_py",), SHORT_UNROLLS),
+    "ppo_pong.gin": (("envpool",), SHORT_UNROLLS),
     "ppo_hopper.gin": (("mujoco",), SHORT_UNROLLS),
     "impala_pong.gin": (("ale_py",), []),
     "sac_pendulum.gin": ((), []),
