@@ -28,7 +28,7 @@ stepping the rows in parallel while the GIL is free). Row by row no row
 waits for a slower one, which pays when steps take uneven time; lockstep
 costs less of the driver's CPU per step (one Python call per batch, not
 eager queue ops per row), which pays when the cores are the limit: PPO on
-Pong, with a learner beside the games on 2 cores, collected 1.09x the env
+Pong, with a learner beside the games on 2 cores, collected 1.07x the env
 steps/s in lockstep (docs: performance, "Pong (`ppo_pong.gin`)").
 
 The pool is made on first use in the mode of that use (an EnvPool pool's
