@@ -63,7 +63,7 @@ SINGLE_PROCESS = {
     "dqn_pong.gin": (("ale_py",), SMALL_PIXEL_REPLAY),
     "ppo_pong.gin": (("envpool",), SHORT_UNROLLS),
     "ppo_hopper.gin": (("mujoco",), SHORT_UNROLLS),
-    "impala_pong.gin": (("ale_py",), []),
+    "impala_pong.gin": (("envpool",), []),
     "sac_pendulum.gin": ((), []),
     "sac_pendulum_subprocess.gin": ((), []),
     "sac_pendulum_gymnasium.gin": (("gymnasium",), []),
