@@ -209,10 +209,11 @@ def floors(agent, time_step_spec, secs, rows):
                   flops_dtype=dtype,
                   ms={"actor inference": 1000.0 * forward / rate,
                       "learner": 1000.0 * passes * forward / rate, DRIVER: 0.0})
-    if env_name in ENVPOOL_IDS:
+    envpool_id = ENVPOOL_IDS.get(env_name, env_name if env_name in ENVPOOL_IDS.values() else None)
+    if envpool_id is not None:
         try:
             from alf_async.environments import suite_envpool
-            pool = suite_envpool.make_env(ENVPOOL_IDS[env_name], batch_size=rows, seed=0,
+            pool = suite_envpool.make_env(envpool_id, batch_size=rows, seed=0,
                                           recv_batch_size=rows)
         except ValueError as e:   # envpool not installed
             print(f"[step_breakdown] no EnvPool floor: {e}", file=sys.stderr)
