@@ -81,10 +81,11 @@ Other tasks with one array observation (MuJoCo's 'HalfCheetah-v5',
 MuJoCo spaces) and the knob `max_episode_steps` (None: EnvPool's
 registered limit, gymnasium's too: 1000 for MuJoCo).
 
-Pool knobs, for every task: `stepping` ('rows' or 'lockstep', above), `num_threads`, EnvPool's C++ threads (None:
-min(batch_size, the cores this process may run on); EnvPool's own default,
-min(its batch size, cores), would give an asynchronous pool that receives
-one row at a time a single thread), and `recv_batch_size` (envpool_rows.py).
+Pool knobs, for every task: `stepping` ('rows' or 'lockstep', above),
+`num_threads`, EnvPool's C++ threads (None: min(batch_size, the cores this
+process may run on); EnvPool's own default, min(its batch size, cores),
+would give an asynchronous pool that receives one row at a time a single
+thread), and `recv_batch_size` (envpool_rows.py; rows only).
 
 gin: every knob is bound as `suite_envpool.<knob>` (the configurable
 `options`); explicit keyword arguments of `load` win over gin bindings.
