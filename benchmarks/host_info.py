@@ -58,11 +58,16 @@ def _version(distribution):
         return None
 
 
-def describe(machine):
-    """One short line for a table: the CPU, AMX or AVX-512 if it has them,
-    and the calibration (records made before the flags were kept have none)."""
+def kind(machine):
+    """The CPU model and AMX or AVX-512 if it has them: what two runs must
+    share to be compared (records made before the flags were kept have none)."""
     flags = machine.get("cpu_flags", [])
     extension = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else
                  "flags not recorded" if "cpu_flags" not in machine else "no AVX-512")
-    return (f"{machine['cpu']} ({extension}), calibration {machine['python_loop_secs']} s / "
+    return f"{machine['cpu']} ({extension})"
+
+
+def describe(machine):
+    """One short line for a table: the host's `kind` and its calibration."""
+    return (f"{kind(machine)}, calibration {machine['python_loop_secs']} s / "
             f"{machine['numpy_matmul_secs']} s")

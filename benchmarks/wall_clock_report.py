@@ -8,6 +8,8 @@ import json
 import os
 import statistics
 
+from host_info import describe, kind
+
 SIDES = ("alf_async", "tf_agents")
 
 # Atari tasks: pixels, scores of whole games, a frame is a quarter agent step.
@@ -141,6 +143,31 @@ def print_table(task, records, report_minutes, budget_secs):
                   f"{rates['alf_async'] / rates['tf_agents'] / (2.0 / sync_cores):.0%}")
 
 
+def print_hosts(records):
+    """Which host each run ran on, and each seed's env steps/s ratio where
+    both sides ran on one kind of host: medians over runs on different kinds
+    of host compare different machines (hosts of one machine kind differ
+    several-fold)."""
+    kinds = {}
+    for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        host = record.get("host")
+        kinds.setdefault(kind(host) if host else "host not recorded", []).append((side, seed))
+        if host:
+            print(f"  {side} seed {seed}: {describe(host)}")
+    if len(kinds) > 1:
+        print(f"the runs span {len(kinds)} kinds of host (" + "; ".join(
+            f"{name}: {', '.join(f'{side} {seed}' for side, seed in keys)}"
+            for name, keys in kinds.items()) + "): medians mixing them compare different machines")
+    for seed in sorted({seed for _, seed in records}):
+        pair = [records.get((side, seed)) for side in SIDES]
+        if None in pair or not all(r.get("host") for r in pair):
+            continue
+        if kind(pair[0]["host"]) == kind(pair[1]["host"]):
+            rates = [r["env_steps"] / r["loop_secs"] for r in pair]
+            print(f"seed {seed}, both sides on {kind(pair[0]['host'])}: env steps/s alf_async "
+                  f"{rates[0]:.0f}, tf_agents {rates[1]:.0f} (ratio {rates[0] / rates[1]:.2f})")
+
+
 def plot(task, records, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -196,6 +223,7 @@ def plot(task, records, path):
 def report(task, records, report_minutes, budget, out_dir):
     """Prints the table, draws the picture and writes the JSON of `records`."""
     print_table(task, records, report_minutes, budget)
+    print_hosts(records)
     png = os.path.join(out_dir, f"wall_clock_{task}.png")
     plot(task, records, png)
     with open(os.path.join(out_dir, f"wall_clock_{task}.json"), "w") as f:
