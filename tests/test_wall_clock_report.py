@@ -51,6 +51,8 @@ def test_runs_on_one_kind_of_host_print_no_warning(capsys):
     records = {("alf_async", 0): run(48000, XEON),
                ("tf_agents", 0): run(40000, dict(XEON, numpy_matmul_secs=0.2))}
     wall_clock_report.print_hosts(records)
-    assert capsys.readouterr().out.splitlines()[2:] == [
+    assert capsys.readouterr().out.splitlines() == [
+        "  alf_async seed 0: Xeon (AMX), calibration 0.084 s / 0.4 s",
+        "  tf_agents seed 0: Xeon (AMX), calibration 0.084 s / 0.2 s",
         "seed 0, both sides on Xeon (AMX): env steps/s alf_async 480, tf_agents 400 "
         "(ratio 1.20)"]
