@@ -59,6 +59,16 @@ def time_to_reach(evaluations, target):
     return None
 
 
+def env_rate(record):
+    """Env steps per second over the whole loop, evaluations included."""
+    return record["env_steps"] / record["loop_secs"]
+
+
+def by_seed(records):
+    """`records`' items in seed order, alf_async before tf_agents."""
+    return sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+
+
 def train_rate(record):
     """Train steps per second outside evaluations."""
     return record["train_steps"] / max(record["loop_secs"] - record["eval_secs"], 1e-9)
@@ -94,7 +104,7 @@ def print_table(task, records, report_minutes, budget_secs):
               f" {'to sync final':>14s}")
     print(header)
     print("-" * len(header))
-    for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (side, seed), record in by_seed(records):
         evaluations = record["evaluations"]
         cells = []
         for m in report_minutes:
@@ -111,7 +121,7 @@ def print_table(task, records, report_minutes, budget_secs):
         cores = _optional(record.get("cores"), ".2f")
         lag = _optional(record.get("policy_lag"), ".1f")
         print(f"{side:10s} {seed:4d} " + " ".join(cells) +
-              f" {record['env_steps']:10d}{frames} {record['env_steps'] / record['loop_secs']:6.0f}"
+              f" {record['env_steps']:10d}{frames} {env_rate(record):6.0f}"
               f" {record['train_steps']:11d} {train_rate(record):8.1f}"
               f" {record['raw_rate']:7.1f} {duty_cycle(record):5.2f} {cores:>5s} {lag:>5s}"
               f" {record['eval_secs']:7.1f} {rss:6.1f} {reach:>14s}")
@@ -129,8 +139,8 @@ def print_table(task, records, report_minutes, budget_secs):
                  for side in SIDES}
         print(f"median train steps: alf_async {steps['alf_async']:.0f}, tf_agents "
               f"{steps['tf_agents']:.0f} (ratio {steps['alf_async'] / steps['tf_agents']:.2f})")
-        rates = {side: statistics.median(r["env_steps"] / r["loop_secs"]
-                                         for r in runs_of(records, side)) for side in SIDES}
+        rates = {side: statistics.median(env_rate(r) for r in runs_of(records, side))
+                 for side in SIDES}
         print(f"median env steps/s: alf_async {rates['alf_async']:.0f}, tf_agents "
               f"{rates['tf_agents']:.0f} (ratio {rates['alf_async'] / rates['tf_agents']:.2f})")
         cores = {side: [r["cores"] for r in runs_of(records, side) if r.get("cores")]
@@ -149,7 +159,7 @@ def print_hosts(records):
     of host compare different machines (hosts of one machine kind differ
     several-fold)."""
     kinds = {}
-    for (side, seed), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (side, seed), record in by_seed(records):
         host = record.get("host")
         kinds.setdefault(kind(host) if host else "host not recorded", []).append((side, seed))
         if host:
@@ -163,7 +173,7 @@ def print_hosts(records):
         if None in pair or not all(r.get("host") for r in pair):
             continue
         if kind(pair[0]["host"]) == kind(pair[1]["host"]):
-            rates = [r["env_steps"] / r["loop_secs"] for r in pair]
+            rates = [env_rate(r) for r in pair]
             print(f"seed {seed}, both sides on {kind(pair[0]['host'])}: env steps/s alf_async "
                   f"{rates[0]:.0f}, tf_agents {rates[1]:.0f} (ratio {rates[0] / rates[1]:.2f})")
 
