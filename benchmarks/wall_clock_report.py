@@ -158,23 +158,23 @@ def print_hosts(records):
     both sides ran on one kind of host: medians over runs on different kinds
     of host compare different machines (hosts of one machine kind differ
     several-fold)."""
-    kinds = {}
+    host_kind = {}   # (side, seed) -> kind, for the runs that recorded their host
+    kinds = {}       # kind -> its runs, in seed order
     for (side, seed), record in by_seed(records):
         host = record.get("host")
-        kinds.setdefault(kind(host) if host else "host not recorded", []).append((side, seed))
         if host:
+            host_kind[side, seed] = kind(host)
             print(f"  {side} seed {seed}: {describe(host)}")
+        kinds.setdefault(host_kind.get((side, seed), "host not recorded"), []).append((side, seed))
     if len(kinds) > 1:
         print(f"the runs span {len(kinds)} kinds of host (" + "; ".join(
             f"{name}: {', '.join(f'{side} {seed}' for side, seed in keys)}"
             for name, keys in kinds.items()) + "): medians mixing them compare different machines")
     for seed in sorted({seed for _, seed in records}):
-        pair = [records.get((side, seed)) for side in SIDES]
-        if None in pair or not all(r.get("host") for r in pair):
-            continue
-        if kind(pair[0]["host"]) == kind(pair[1]["host"]):
-            rates = [env_rate(r) for r in pair]
-            print(f"seed {seed}, both sides on {kind(pair[0]['host'])}: env steps/s alf_async "
+        pair_kinds = {host_kind.get((side, seed)) for side in SIDES}
+        if len(pair_kinds) == 1 and None not in pair_kinds:
+            rates = [env_rate(records[side, seed]) for side in SIDES]
+            print(f"seed {seed}, both sides on {pair_kinds.pop()}: env steps/s alf_async "
                   f"{rates[0]:.0f}, tf_agents {rates[1]:.0f} (ratio {rates[0] / rates[1]:.2f})")
 
 
