@@ -216,6 +216,17 @@ def test_a_bfloat16_torso_computes_in_bfloat16_over_float32_variables(builder):
     layers = {layer.name: layer for layer in net._flatten_layers(include_self=False)}
     torso = [l for name, l in layers.items() if name.startswith(("conv2d", "dense"))]
     assert len(torso) == 2 and all(l.compute_dtype == "bfloat16" for l in torso)
+    # Pixels go from uint8 to bfloat16 at once and are scaled there, by
+    # bfloat16's 1 / 255: within two bfloat16 roundings (2 x 2^-8) of / 255.
+    scaling = [l for name, l in layers.items() if name.startswith("rescaling")]
+    assert [l.compute_dtype for l in scaling] == ["bfloat16"]
+    scaled = scaling[0](observation)
+    assert scaled.dtype == tf.bfloat16
+    bf16 = lambda x: tf.cast(x, tf.bfloat16)
+    np.testing.assert_array_equal(tf.cast(scaled, tf.float32),
+                                  tf.cast(bf16(observation) * bf16(1 / 255), tf.float32))
+    np.testing.assert_allclose(tf.cast(scaled, tf.float32), observation.numpy() / 255.0,
+                               rtol=2 * 2 ** -8)
     assert all(v.dtype == tf.float32 for v in mixed.collect_policy.variables())
     logits = lambda agent: agent.collect_policy.distribution(time_step).action.logits
     assert logits(mixed).dtype == tf.float32                 # the heads stay float32

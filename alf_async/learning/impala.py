@@ -90,7 +90,8 @@ class ActorCriticNetwork(network.Network):
             raise ValueError(f"ActorCriticNetwork needs one discrete action (a scalar integer "
                              f"spec), got {action_spec}")
         num_actions = int(action_spec.maximum) - int(action_spec.minimum) + 1
-        scale = (tf.keras.layers.Rescaling(1.0 / 255.0)
+        # Pixels are scaled in the torso's dtype (agents._scale_pixels).
+        scale = (tf.keras.layers.Rescaling(1.0 / 255.0, dtype=dtype)
                  if observation_spec.dtype == tf.uint8 else None)
         self._torso = encoding_network.EncodingNetwork(
             observation_spec, preprocessing_layers=scale,
