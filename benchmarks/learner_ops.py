@@ -1,0 +1,160 @@
+"""Where an unroll agent's learner spends its op time: TensorFlow's
+profiler on `Learner.train` calls, the ops' time grouped by kind.
+
+    python benchmarks/learner_ops.py --gin_file gin_configs/ppo_pong.gin --calls 3 \
+        --json /tmp/learner_ops_ppo_pong.json
+
+Run it alone on the machine. The learner is step_breakdown.py's "learner
+alone" (the gin file's agent, a batch of random experience of the
+learner's shape, `train.train_steps_per_iteration` gradient updates a
+call). After --warmup_calls, --calls calls are timed in process CPU
+seconds, then the same number are traced by TensorFlow's profiler, whose
+events on TF's compute threads give each op's time. Groups:
+
+- convolutions (the op types with "Conv"), matmuls ("MatMul");
+- the optimizer: ops named under the optimizer's scope (Keras' `Adam/`),
+  `ResourceApply*` and the gradient clipping (`clip_by_global_norm/`);
+- casts (`Cast`: the bfloat16 torso's and the pixels');
+- the rest (the loss, advantages, gathers, activations' gradients).
+
+It prints each group in ms per env step and as a share of the ops' time,
+and the ops' time against the process CPU the calls took (the remainder is
+TF's executor and thread pools outside the ops).
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+
+from host_info import describe, host
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GROUPS = ("convolutions", "matmuls", "optimizer", "casts", "the rest")
+OPTIMIZER_SCOPES = ("Adam/", "RMSprop/", "clip_by_global_norm/")
+
+
+def group(event_name):
+    """The group of a profiler event named 'scope/.../op_name:OpType'."""
+    name, _, op_type = event_name.rpartition(":")
+    if "Conv" in op_type:
+        return "convolutions"
+    if "MatMul" in op_type:
+        return "matmuls"
+    if op_type.startswith("ResourceApply") or any(
+            name.startswith(s) or f"/{s}" in name for s in OPTIMIZER_SCOPES):
+        return "optimizer"
+    if op_type == "Cast":
+        return "casts"
+    return "the rest"
+
+
+def op_seconds(logdir):
+    """Seconds of op time per group in the profile under `logdir` (the op
+    events of TF's compute threads)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    [path] = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    seconds = collections.Counter({g: 0.0 for g in GROUPS})
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                # Ops are 'name:OpType'; the executor's wrapper around each
+                # op ('ExecutorState::Process') and Eigen's 'ParallelFor'
+                # inside them are not ops.
+                if ":" in name and "::" not in name:
+                    seconds[group(name)] += event.duration_ps / 1e12
+    return dict(seconds)
+
+
+def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
+    """{cpu_ms, ops_ms, groups_ms} per env step of the gin file's learner."""
+    from alf_async.bin.train import parse_gin
+    parse_gin([gin_file], list(gin_bindings))
+    import gin
+    import numpy as np
+    import tensorflow as tf
+
+    import unroll_sync
+    import wall_clock_learning as wcl
+    from alf_async.environments import suites
+    from alf_async.learning import replayers
+    from alf_async.learning.learner import Learner
+    if not unroll_sync.is_unroll_task():
+        raise SystemExit(f"learner_ops.py: {gin_file} does not train an unroll agent "
+                         f"(train.agent_fn = @ppo_agent or @impala_agent)")
+    q = gin.query_parameter
+    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
+    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
+    agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
+                                       tf.Variable(0, dtype=tf.int64))
+    env.close()
+    agent.initialize()
+    replayer = replayers.OneTimeReplayer()
+    replayer(wcl._random_experience(agent.collect_data_spec, rows, steps, seed),
+             np.arange(rows, dtype=np.int32))
+    learner = Learner(agent, driver=None, replayer=replayer, sample_batch_size=rows)
+    train = lambda: learner.train(q("train.train_steps_per_iteration"))
+    for _ in range(warmup_calls):
+        train()
+    start = time.process_time()
+    for _ in range(calls):
+        train()
+    env_steps = calls * rows * steps
+    cpu_ms = 1000.0 * (time.process_time() - start) / env_steps
+    with tempfile.TemporaryDirectory(prefix="learner_ops_") as logdir:
+        tf.profiler.experimental.start(logdir)
+        for _ in range(calls):
+            train()
+        tf.profiler.experimental.stop()
+        seconds = op_seconds(logdir)
+    groups_ms = {g: 1000.0 * s / env_steps for g, s in seconds.items()}
+    return dict(cpu_ms=cpu_ms, ops_ms=sum(groups_ms.values()), groups_ms=groups_ms,
+                env_steps_per_call=rows * steps)
+
+
+def report(record):
+    """Prints the table of one `measure` record."""
+    print(f"\nThe learner's op time per env step, {record['gin_file']}; host: "
+          f"{describe(record['host'])}")
+    ops = record["ops_ms"]
+    for g in GROUPS:
+        ms = record["groups_ms"][g]
+        print(f"  {g:14} {ms:8.3f} ms  {100.0 * ms / ops:5.1f}%")
+    print(f"  {'all ops':14} {ops:8.3f} ms  of {record['cpu_ms']:.3f} ms of process CPU "
+          f"per env step ({record['calls']} calls of {record['env_steps_per_call']} env steps)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gin_file", default=os.path.join(REPO, "gin_configs", "ppo_pong.gin"))
+    parser.add_argument("--gin_bindings", nargs="*", default=[])
+    parser.add_argument("--calls", type=int, default=3, help="train calls timed, then traced")
+    parser.add_argument("--warmup_calls", type=int, default=3)
+    parser.add_argument("--json", help="write the record here")
+    args = parser.parse_args()
+    if args.calls < 1 or args.warmup_calls < 1:
+        parser.error("--calls and --warmup_calls must be >= 1")
+    machine = host()   # before TensorFlow loads
+    record = measure(args.gin_file, args.gin_bindings, args.calls, args.warmup_calls)
+    record.update(gin_file=args.gin_file, gin_bindings=list(args.gin_bindings),
+                  calls=args.calls, host=machine, command=shlex.join(sys.argv))
+    report(record)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""benchmarks/learner_ops.py: the profiler's op events grouped by kind, and
+a tiny run end to end (PPO CartPole's learner)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(200)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import learner_ops  # noqa: E402  (benchmarks/; imports TensorFlow only where it runs)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("while/body/_1/TorsoValueNetwork/conv2d/Conv2D:_MklNativeFusedConv2D", "convolutions"),
+    ("gradients/conv2d_1/Conv2D_grad:_MklNativeConv2DBackpropFilterWithBias", "convolutions"),
+    ("while/body/_418/dense/MatMul:_MklMatMul", "matmuls"),
+    ("while/body/_418/Adam/Adam/update_step/ResourceApplyAdam:ResourceApplyAdam", "optimizer"),
+    ("while/body/_418/Adam/mul_3:Mul", "optimizer"),
+    ("while/body/_418/clip_by_global_norm/mul_1:Mul", "optimizer"),
+    ("Adam/AssignSubVariableOp:AssignSubVariableOp", "optimizer"),
+    ("while/body/_418/ActorDistributionNetwork/Cast:Cast", "casts"),
+    ("while/body/_418/mul:Mul", "the rest"),
+    ("while/body/_418/GatherV2_3:GatherV2", "the rest"),
+])
+def test_ops_are_grouped_by_type_and_scope(name, expected):
+    assert learner_ops.group(name) == expected
+
+
+def test_learner_ops_tiny_ppo_run(tmp_path):
+    out = tmp_path / "ops.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "learner_ops.py"),
+         "--gin_file", os.path.join(REPO, "gin_configs", "ppo_cartpole.gin"),
+         "--calls", "1", "--warmup_calls", "1", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.loads(out.read_text())
+    groups = record["groups_ms"]
+    assert list(groups) == list(learner_ops.GROUPS)
+    assert sum(groups.values()) == pytest.approx(record["ops_ms"], rel=1e-9)
+    # CartPole's dense networks: matmuls, no convolutions; FusedAdam's ops.
+    assert groups["convolutions"] == 0.0
+    assert groups["matmuls"] > 0 and groups["optimizer"] > 0 and groups["the rest"] > 0
+    assert record["cpu_ms"] > 0
+    # 2 unrolls x 8 CartPoles x 64 steps a call (ppo_cartpole.gin).
+    assert record["env_steps_per_call"] == 1024 and record["calls"] == 1
+    assert record["host"]["tensorflow"] == "2.15.1"
+    assert "all ops" in proc.stdout and "of process CPU" in proc.stdout
