@@ -5,9 +5,9 @@ profiler on `Learner.train` calls, the ops' time grouped by kind.
         --json /tmp/learner_ops_ppo_pong.json
 
 Run it alone on the machine. The learner is step_breakdown.py's "learner
-alone" (the gin file's agent, a batch of random experience of the
-learner's shape, `train.train_steps_per_iteration` gradient updates a
-call). After --warmup_calls, --calls calls are timed in process CPU
+alone" (`learner_on_random_batch`: the gin file's agent on a batch of
+random experience of the learner's shape, `train.train_steps_per_iteration`
+gradient updates a call). After --warmup_calls, --calls calls are timed in process CPU
 seconds, then the same number are traced by TensorFlow's profiler, whose
 events on TF's compute threads give each op's time. Groups:
 
@@ -79,39 +79,33 @@ def op_seconds(logdir):
 
 
 def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
-    """{cpu_ms, ops_ms, groups_ms} per env step of the gin file's learner."""
+    """The gin file's learner: its process CPU (`cpu_ms`), op time (`ops_ms`)
+    and op time by group (`groups_ms`), ms per env step, and
+    `env_steps_per_call`."""
     from alf_async.bin.train import parse_gin
     parse_gin([gin_file], list(gin_bindings))
     import gin
-    import numpy as np
     import tensorflow as tf
 
     import unroll_sync
-    import wall_clock_learning as wcl
     from alf_async.environments import suites
-    from alf_async.learning import replayers
-    from alf_async.learning.learner import Learner
+    from step_breakdown import learner_on_random_batch
     if not unroll_sync.is_unroll_task():
         raise SystemExit(f"learner_ops.py: {gin_file} does not train an unroll agent "
                          f"(train.agent_fn = @ppo_agent or @impala_agent)")
     q = gin.query_parameter
-    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
     agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
                                        tf.Variable(0, dtype=tf.int64))
     env.close()
     agent.initialize()
-    replayer = replayers.OneTimeReplayer()
-    replayer(wcl._random_experience(agent.collect_data_spec, rows, steps, seed),
-             np.arange(rows, dtype=np.int32))
-    learner = Learner(agent, driver=None, replayer=replayer, sample_batch_size=rows)
-    train = lambda: learner.train(q("train.train_steps_per_iteration"))
+    train, env_steps_per_call = learner_on_random_batch(agent, seed)
     for _ in range(warmup_calls):
         train()
     start = time.process_time()
     for _ in range(calls):
         train()
-    env_steps = calls * rows * steps
+    env_steps = calls * env_steps_per_call
     cpu_ms = 1000.0 * (time.process_time() - start) / env_steps
     with tempfile.TemporaryDirectory(prefix="learner_ops_") as logdir:
         tf.profiler.experimental.start(logdir)
@@ -121,7 +115,7 @@ def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
         seconds = op_seconds(logdir)
     groups_ms = {g: 1000.0 * s / env_steps for g, s in seconds.items()}
     return dict(cpu_ms=cpu_ms, ops_ms=sum(groups_ms.values()), groups_ms=groups_ms,
-                env_steps_per_call=rows * steps)
+                env_steps_per_call=env_steps_per_call)
 
 
 def report(record):

@@ -145,9 +145,12 @@ def inference_alone(policy, time_step_spec, rows, secs):
     return 1000.0 * _cpu_per_call(action, secs) / rows
 
 
-def learner_alone(agent, secs, seed=0):
-    """CPU ms per env step of the learner's train call on one batch of
-    random experience of its shape (`train.learn_queue_cap` unrolls)."""
+def learner_on_random_batch(agent, seed=0):
+    """The learner as it is timed alone: a `Learner` of `agent` on one batch
+    of random experience of the learner's shape (`train.learn_queue_cap`
+    unrolls, replayed for every call). Returns a function making one train
+    call (`train.train_steps_per_iteration` updates) and the env steps a
+    call trains on."""
     import gin
     import numpy as np
 
@@ -155,14 +158,20 @@ def learner_alone(agent, secs, seed=0):
     from alf_async.learning import replayers
     from alf_async.learning.learner import Learner
     q = gin.query_parameter
-    rows = q("train.learn_queue_cap") * q("train.env_batch_size")
+    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
     replayer = replayers.OneTimeReplayer()
-    replayer(wcl._random_experience(agent.collect_data_spec, rows, q("train.unroll_length"),
-                                    seed), np.arange(rows, dtype=np.int32))
+    replayer(wcl._random_experience(agent.collect_data_spec, rows, steps, seed),
+             np.arange(rows, dtype=np.int32))
     learner = Learner(agent, driver=None, replayer=replayer, sample_batch_size=rows)
     calls = q("train.train_steps_per_iteration")
-    return 1000.0 * _cpu_per_call(lambda: learner.train(calls), secs) / (
-        rows * q("train.unroll_length"))
+    return (lambda: learner.train(calls)), rows * steps
+
+
+def learner_alone(agent, secs, seed=0):
+    """CPU ms per env step of the learner's train call on one batch of
+    random experience of its shape (`learner_on_random_batch`)."""
+    train, env_steps = learner_on_random_batch(agent, seed)
+    return 1000.0 * _cpu_per_call(train, secs) / env_steps
 
 
 def forward_flops(policy, time_step_spec):
