@@ -3,6 +3,7 @@
 trains on each batch of unrolls once cannot use. Each raises `ConfigError`
 with one line naming the binding and what was expected."""
 
+from alf_async import kernels
 from alf_async.driver import layout as layout_lib
 from alf_async.learning import replayers
 
@@ -43,6 +44,9 @@ def check_args(**args):
         value = args[name]
         if not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"train.{name} must be a number > 0, got {value!r}")
+    if args["kernel_choice"] not in kernels.KERNEL_CHOICES:
+        raise ConfigError(f"train.kernel_choice must be one of {kernels.KERNEL_CHOICES}, "
+                          f"got {args['kernel_choice']!r}")
     if args["eval_env_kwargs"] is not None and not isinstance(args["eval_env_kwargs"], dict):
         raise ConfigError(f"train.eval_env_kwargs must be None or a dict of suites.load "
                           f"arguments, got {args['eval_env_kwargs']!r}")

@@ -45,6 +45,7 @@ import tensorflow as tf
 from tf_agents.eval import metric_utils
 from tf_agents.utils import common
 
+from alf_async import kernels
 from alf_async.learning import checkpoint_files
 from alf_async.learning import agents  # registers dqn_agent, sac_agent, ppo_agent, impala_agent
 from alf_async.learning import pixel_replayer, policy_lag, replayers  # pixel_replayer: @PixelReplayer
@@ -144,7 +145,8 @@ def train(root_dir,
           eval_env_kwargs=None,
           async_eval=False,
           num_collectors=0,
-          collector_launcher="local"):
+          collector_launcher="local",
+          kernel_choice="auto"):
     """Trains `agent_fn`'s agent on `env_name` with the AsyncOffPolicyDriver.
 
     Args:
@@ -233,6 +235,16 @@ def train(root_dir,
         collector_launcher: how the K collectors start: 'local' (child
             processes), 'ray' (Ray actors) or 'none' (by hand, with
             alf-async-collect); see distributed/launcher.py.
+        kernel_choice: 'auto' (the fastest kernels this CPU has, chosen for
+            the run's networks) or 'off' (TensorFlow's defaults; 'auto'
+            torsos compute in float32): see `alf_async.kernels`. TensorFlow
+            reads its kernels when it is imported, so alf-async-train (and
+            alf-async-collect) read this binding from the gin files before
+            importing it; a Python program calls
+            `kernels.apply(kernels.choose_for_gin(gin_files))` before its
+            first TensorFlow import. train() itself checks the value, and
+            prints the line of the choice applied (`kernels.start_line`)
+            once the run is built.
 
     Returns:
         A `TrainResult`.
@@ -283,6 +295,8 @@ def train(root_dir,
                                         learn_queue_cap * env_batch_size * unroll_length)
             except ValueError as e:
                 raise ConfigError(one_line(e)) from e
+        if kernels.start_line():   # what alf-async-train chose before TensorFlow loaded
+            print_fn(kernels.start_line())
         if checkpointer.checkpoint_exists:
             print_fn(f"[alf_async] resumed from {checkpointer.manager.latest_checkpoint}: "
                      f"global step {int(agent.train_step_counter)}, env steps "

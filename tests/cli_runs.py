@@ -28,11 +28,27 @@ def run_train_cli(root_dir, gin_file, bindings, timeout, env=None):
 PROGRESS_LINE = "[alf_async] iteration "
 
 
+# Every start says which kernels TensorFlow runs, once the run is built
+# (alf_async.kernels); test_quiet_start.py asserts the line exactly.
+KERNELS_LINE = "[alf_async] kernels: "
+
+
+def without_kernels_line(lines):
+    """A start's output lines without its kernels line, which comes once,
+    before the first progress line (AssertionError if it does not)."""
+    found = [i for i, line in enumerate(lines) if line.startswith(KERNELS_LINE)]
+    progress = [i for i, line in enumerate(lines) if line.startswith(PROGRESS_LINE)]
+    assert len(found) == 1 and (not progress or found[0] < progress[0]), lines[:10]
+    return lines[:found[0]] + lines[found[0] + 1:]
+
+
 def lines_before_progress(lines):
     """The output lines before the first progress line (`[alf_async]
-    iteration ...`): a quiet start has none but those alf_async prints there
-    by design. AssertionError if there is no progress line.
+    iteration ...`), without the start's kernels line: a quiet start has
+    none but those alf_async prints there by design. AssertionError if
+    there is no progress line or the kernels line is not the first.
     """
+    lines = without_kernels_line(lines)
     for i, line in enumerate(lines):
         if line.startswith(PROGRESS_LINE):
             return lines[:i]

@@ -11,7 +11,8 @@ Every `import` in alf_async (module level or inside a function) is read with
     learning                     the learner, hooks, replayers, agents
     driver                       the asynchronous driver
     environments                 every environment, as a TFEnvironment
-    tf215_py311_fixes, _lazy     workarounds for the pinned stack; lazy exports
+    tf215_py311_fixes, _lazy,    workarounds for the pinned stack; lazy exports;
+    kernels                      TensorFlow's kernels, chosen before it is imported
 
 A module may import its own package and any layer below its own; `testing`
 (the fakes tests and benchmarks share) may import only environments, and
@@ -32,6 +33,7 @@ PACKAGE_DIR = os.path.dirname(alf_async.__file__)
 LAYERS = {
     "_lazy": 0,
     "tf215_py311_fixes": 0,
+    "kernels": 0,
     "environments": 1,
     "driver": 2,
     "learning": 3,

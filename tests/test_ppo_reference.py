@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
+from alf_async import kernels
 from alf_async.driver.metrics import EpisodeLog
 from alf_async.environments import suites
 from alf_async.learning import agents
@@ -239,16 +240,11 @@ def test_a_bfloat16_torso_computes_in_bfloat16_over_float32_variables(builder):
         make("float16")
 
 
-def test_auto_torso_is_bfloat16_where_the_cpu_has_amx_or_avx512_bf16(tmp_path, monkeypatch):
-    cpuinfo = tmp_path / "cpuinfo"
-    for flags, has in (("fpu sse avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
-                       ("fpu amx_tile amx_bf16", True)):
-        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n")
-        assert agents.cpu_has_bf16(str(cpuinfo)) is has
-    assert agents.cpu_has_bf16(str(tmp_path / "missing")) is False
+def test_auto_torso_is_bfloat16_where_the_kernel_choice_says(monkeypatch):
+    # Which CPUs and choices say so: tests/test_kernels.py.
     time_step_spec, action_spec = _pixel_specs()
     for has, compute in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(agents, "cpu_has_bf16", lambda has=has: has)
+        monkeypatch.setattr(kernels, "bf16_torsos", lambda has=has: has)
         agent = agents.ppo_agent(time_step_spec, action_spec, tf.Variable(0, tf.int64),
                                  conv_layer_params=((4, 4, 2),), actor_fc_layer_params=(16,),
                                  torso_dtype_policy="auto")

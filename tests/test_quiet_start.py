@@ -27,7 +27,9 @@ import types
 
 import pytest
 
-from cli_runs import GIN_CONFIGS, REPO, lines_before_progress  # tests/ is on sys.path
+from alf_async import kernels
+from cli_runs import (GIN_CONFIGS, REPO, lines_before_progress,  # tests/ is on sys.path
+                      without_kernels_line)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -162,14 +164,21 @@ def _params(configs):
             for name, config in configs.items()]
 
 
+def _kernels_line(gin_file, bindings):
+    """The kernels line the start of `gin_file` prints on this host."""
+    return kernels.choose_for_gin([os.path.join(GIN_CONFIGS, gin_file)], bindings,
+                                  environ=ENV).line()
+
+
 @pytest.mark.parametrize("gin_file", _params(SINGLE_PROCESS))
 def test_a_shipped_config_starts_quietly(runs, gin_file):
     root_dir, run = runs[gin_file]
     returncode, lines = run.result()
     assert returncode == 0, "\n".join(lines[-40:])   # the whole traceback, unabridged
     assert lines_before_progress(lines) == [], lines[:40]
-    assert len(lines) == 2, lines[:40]
-    [progress, stopped] = lines
+    assert len(lines) == 3, lines[:40]
+    [kernel_choice, progress, stopped] = lines
+    assert kernel_choice == _kernels_line(gin_file, ONE_ITERATION + SINGLE_PROCESS[gin_file][1])
     assert PROGRESS.match(progress), progress
     assert stopped.startswith("[alf_async] stopped (num_iterations) at iteration 1, train step "), \
         stopped
@@ -181,8 +190,9 @@ def test_a_shipped_job_that_waits_for_others_starts_quietly(runs, gin_file):
     root_dir, run = runs[gin_file]
     returncode, lines = run.result()
     assert returncode == 0, "\n".join(lines[-40:])
-    assert len(lines) == 4, lines[:40]
-    [ready, signalled, progress, stopped] = lines
+    assert len(lines) == 5, lines[:40]
+    assert _kernels_line(gin_file, WAITING[gin_file][1]) in lines
+    [ready, signalled, progress, stopped] = without_kernels_line(lines)
     assert re.fullmatch(WAITING[gin_file][2].format(root_dir=re.escape(root_dir)), ready), ready
     assert signalled == ("[alf_async] SIGINT: stopping, then writing a checkpoint (send it "
                          "again to abort without one)")

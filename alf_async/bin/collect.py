@@ -25,7 +25,7 @@ import sys
 import threading
 
 from alf_async.tf215_py311_fixes import quiet
-from alf_async.bin.train import ConfigError, check_gin_files, stop_on_signals
+from alf_async.bin.train import ConfigError, check_gin_files, choose_kernels, stop_on_signals
 
 PROG = "alf-async-collect"
 EXIT_UNREACHABLE = 1
@@ -72,6 +72,10 @@ def main(argv=None):
         check_gin_files(args.gin_file)
     except ConfigError as e:
         return _error(e, EXIT_CONFIG_ERROR)
+    try:
+        kernel_choice = choose_kernels(args.gin_file, args.gin_param)
+    except ConfigError as e:
+        return _error(e, EXIT_CONFIG_ERROR)
     quiet.quiet(verbose=args.verbose)
     import gin  # pylint: disable=import-outside-toplevel
     from alf_async.distributed import collector  # pylint: disable=import-outside-toplevel
@@ -85,6 +89,7 @@ def main(argv=None):
                                             skip_unknown=True)
     except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
         return _error(one_line(e), EXIT_CONFIG_ERROR)
+    print(kernel_choice.line("[alf_async collector]"), flush=True)
     stop_event = threading.Event()
     with stop_on_signals(stop_event):
         try:

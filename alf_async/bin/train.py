@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 
+from alf_async import kernels
 from alf_async.tf215_py311_fixes import quiet
 from alf_async.bin import train_help
 
@@ -124,6 +125,19 @@ def check_root_dir(root_dir):
         what = "is not writable" if existing == path else (
             f"cannot be created: {existing} is not writable")
         raise ConfigError(f"--root_dir {root_dir} {what} ({e.strerror})") from None
+
+
+def choose_kernels(gin_files, gin_params):
+    """Chooses TensorFlow's kernels for the run (`alf_async.kernels`) before
+    TensorFlow is imported and writes the choice into the environment;
+    returns it. Raises ConfigError for a `train.kernel_choice` or an
+    `ALF_ASYNC_HOST_KIND` that cannot apply."""
+    try:
+        choice = kernels.choose_for_gin(gin_files, gin_params)
+    except kernels.KernelConfigError as e:
+        raise ConfigError(str(e)) from None
+    kernels.apply(choice)
+    return choice
 
 
 def _drop_gin_path_misses(record):
@@ -287,6 +301,11 @@ def _run(args, training):
     try:
         check_gin_files(args.gin_file)
         check_root_dir(args.root_dir)
+    except ConfigError as e:
+        return _error(e)
+    try:
+        # train() prints the choice's line once the run is built (kernels.start_line).
+        choose_kernels(args.gin_file, args.gin_param)
     except ConfigError as e:
         return _error(e)
     quiet.quiet(verbose=args.verbose)

@@ -25,6 +25,7 @@ from tf_agents.networks import actor_distribution_network, q_network, value_netw
 from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
+from alf_async import kernels
 from alf_async.learning import impala
 from alf_async.learning import optimizers
 from alf_async.learning.ppo import (ADVANTAGE_NORMALIZATIONS, FreshOrthogonal,
@@ -238,29 +239,16 @@ def _check_conv(binding, conv_layer_params):
 # optimizer stay float32), which oneDNN runs on AMX or AVX-512 BF16 (docs:
 # performance, where a Pong env step's CPU goes); a CPU without them
 # emulates bfloat16, slower than float32. 'auto': 'mixed_bfloat16' where
-# the CPU has them, else 'float32'.
+# the CPU has them and the kernel choice is not off (`kernels.bf16_torsos`),
+# else 'float32'.
 TORSO_DTYPE_POLICIES = ("float32", "mixed_bfloat16", "auto")
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
-    """True when the CPU lists AMX or AVX-512 BF16 (Linux's cpuinfo flags);
-    False where they cannot be read."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return bool(set(line.split(":", 1)[1].split()) & set(BF16_CPU_FLAGS))
-    except OSError:
-        pass
-    return False
 
 
 def torso_compute_dtype(policy):
     """'bfloat16' or 'float32': what a torso of `torso_dtype_policy` `policy`
-    computes in on this CPU ('auto' resolved by `cpu_has_bf16`)."""
+    computes in on this CPU ('auto' resolved by `kernels.bf16_torsos`)."""
     if policy == "auto":
-        return "bfloat16" if cpu_has_bf16() else "float32"
+        return "bfloat16" if kernels.bf16_torsos() else "float32"
     return "bfloat16" if policy == "mixed_bfloat16" else "float32"
 
 
@@ -336,7 +324,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             'mixed_bfloat16' computes them in bfloat16 over float32
             variables (the heads, losses and optimizer stay float32);
             'auto' does so where the CPU has AMX or AVX-512 BF16
-            (`cpu_has_bf16`). The variables are float32 either way, so a
+            (`kernels.bf16_torsos`). The variables are float32 either way, so a
             checkpoint restores under any of them.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
