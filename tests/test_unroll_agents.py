@@ -296,6 +296,31 @@ def test_ppo_on_pixels_learns_catch(tmp_path):
     assert result.evaluations[0][3] < 0.5   # it did not start solved
 
 
+def test_ppo_on_pixels_leaves_them_unnormalized_and_refuses_to_normalize_them():
+    """tf-agents' observation normalizer (PPOClipAgent's default) casts what
+    it normalized back to uint8: ppo_agent turns it off for pixels, and a
+    binding that turns it on is refused with the binding to set."""
+    from alf_async.testing.envs import load_pixel_catch
+    env = load_pixel_catch("catch", batch_size=2, seed=0)
+    make = lambda: agents.ppo_agent(env.time_step_spec(), env.action_spec(),
+                                    tf.Variable(0, dtype=tf.int64),
+                                    conv_layer_params=((4, 3, 1),), actor_fc_layer_params=(8,))
+    assert make()._observation_normalizer is None   # pylint: disable=protected-access
+    cartpole = _cartpole()
+    assert agents.ppo_agent(cartpole.time_step_spec(), cartpole.action_spec(),
+                            tf.Variable(0, dtype=tf.int64)
+                            )._observation_normalizer is not None   # tf-agents' default
+    with gin.unlock_config():
+        gin.bind_parameter("PPOClipAgent.normalize_observations", True)
+    try:
+        with pytest.raises(ValueError, match=r"^PPOClipAgent.normalize_observations: these "
+                           r"observations are uint8 pixels .* bind "
+                           r"PPOClipAgent.normalize_observations = False, or leave it unbound"):
+            make()
+    finally:
+        gin.clear_config()
+
+
 def test_the_value_head_shares_the_actors_torso():
     """ppo_agent with convolutions: one torso; the value head reads the
     actor's torso output for the same observations (computed once) and
@@ -327,3 +352,42 @@ def test_the_value_head_shares_the_actors_torso():
     np.testing.assert_allclose(reused.numpy(), fresh.numpy(), rtol=1e-6)
     grads = tape.gradient(loss, [v.deref() for v in torso])
     assert all(g is not None and np.any(g.numpy() != 0) for g in grads)
+
+
+def _op_types(graph_def):
+    """Every op type of a GraphDef, its function library's (a while loop's
+    body, a nested tf.function) included, with their counts."""
+    import collections   # pylint: disable=import-outside-toplevel
+    counts = collections.Counter(node.op for node in graph_def.node)
+    for function in graph_def.library.function:
+        counts.update(node.op for node in function.node_def)
+    return counts
+
+
+@pytest.mark.parametrize("builder", ["ppo_agent", "impala_agent"])
+def test_a_train_call_runs_each_convolution_once_forward_and_once_backward_per_step(builder):
+    """The learner's conv work is one forward and one backward pass per
+    gradient step (the policy and value heads share one torso pass), plus
+    PPO's one value pass over the batch: no second torso pass for the value
+    head, none for the behaviour policy (its distribution is the unroll's
+    `policy_info`)."""
+    from alf_async.testing.envs import load_pixel_catch
+    env = load_pixel_catch("catch", batch_size=2, seed=0)
+    make = getattr(agents, builder)
+    agent = make(env.time_step_spec(), env.action_spec(), tf.Variable(0, dtype=tf.int64),
+                 conv_layer_params=((4, 3, 1), (4, 3, 1)),
+                 **({"actor_fc_layer_params": (8,)} if builder == "ppo_agent" else
+                    {"fc_layer_params": (8,)}))
+    spec = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([2, 5] + s.shape.as_list(), s.dtype), agent.collect_data_spec)
+    graph_def = tf.function(agent.train).get_concrete_function(spec).graph.as_graph_def()
+    ops = _op_types(graph_def)
+    # PPO: the value pass over the batch, then each minibatch step (one while
+    # loop body): 2 forward convolutions; IMPALA: one step on the batch.
+    forward = 2 + 2 if builder == "ppo_agent" else 2
+    assert ops["Conv2D"] == forward, ops
+    assert ops["Conv2DBackpropFilter"] == 2, ops
+    # The first one's input gradient is built, and pruned when the graph
+    # runs: nothing reads it (oneDNN's verbose log shows no backward_data
+    # for it).
+    assert ops["Conv2DBackpropInput"] == 2, ops

@@ -279,7 +279,9 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     Networks: for discrete actions an `ActorDistributionNetwork`
     (categorical): the convolutions, if any, then the dense layers, ReLU
     with convolutions and tanh without (CleanRL's ppo_atari and ppo);
-    uint8 observations are scaled to [0, 1] inside it. The value network is
+    uint8 observations are scaled to [0, 1] inside it (and tf-agents'
+    observation normalizer is off for them unless bound, which is
+    refused). The value network is
     either a head on the actor's torso (`ppo.TorsoValueNetwork`: one
     torso, as OpenAI baselines' ppo2 and CleanRL's ppo_atari have it, so
     the value loss trains the features the policy sees and a minibatch runs
@@ -388,10 +390,24 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,
         value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
         advantage_normalization=advantage_normalization,
-        train_step_counter=train_step_counter)
+        train_step_counter=train_step_counter, **_pixel_normalization(observation_spec))
     _LEARNING_RATE_BINDINGS[agent._optimizer] = "ppo_agent.learning_rate"
     build_optimizer(agent._optimizer, agent.variables_to_train())
     return agent
+
+
+def _pixel_normalization(observation_spec):
+    """{'normalize_observations': False} for uint8 observations (pixels, scaled
+    in the network), unless `PPOClipAgent.normalize_observations` is bound,
+    which `MinibatchPPOClipAgent` then refuses; {} otherwise. tf-agents'
+    default normalizer would cast the normalized pixels back to uint8."""
+    if not any(s.dtype == tf.uint8 for s in tf.nest.flatten(observation_spec)):
+        return {}
+    try:
+        gin.query_parameter("PPOClipAgent.normalize_observations")
+    except ValueError:   # not bound: the pixels are scaled in the network
+        return {"normalize_observations": False}
+    return {}
 
 
 @gin.configurable

@@ -179,6 +179,16 @@ class MinibatchPPOClipAgent(ppo_clip_agent.PPOClipAgent):
             raise ValueError("MinibatchPPOClipAgent computes values and advantages in train(): "
                              "compute_value_and_advantage_in_train must be True")
         super().__init__(*args, **kwargs)
+        if self._observation_normalizer is not None and any(
+                spec.dtype == tf.uint8 for spec in tf.nest.flatten(self.time_step_spec.observation)):
+            # tf-agents' normalizer casts what it normalized (a few units
+            # around 0) back to the observation's dtype: uint8 pixels would
+            # be lost. It would also give the policy and the value head two
+            # tensors, so a shared torso would run twice.
+            raise ValueError("PPOClipAgent.normalize_observations: these observations are uint8 "
+                             "pixels (scaled in the network), which tf-agents' normalizer casts "
+                             "back to uint8 after normalizing: bind "
+                             "PPOClipAgent.normalize_observations = False, or leave it unbound")
         self._num_minibatches = num_minibatches
         self._advantage_normalization = advantage_normalization
 
