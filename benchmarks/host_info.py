@@ -1,23 +1,30 @@
 """The host a benchmark ran on: hosts of one machine kind differ several-fold,
-so every figure is recorded with this (imports no TensorFlow)."""
+so every figure is recorded with this, with the kernels TensorFlow runs
+there (imports no TensorFlow)."""
 
 import importlib.metadata
 import os
 import platform
+import sys
 import time
+
+from alf_async import kernels
 
 # CPU features that change TensorFlow's kernels (oneDNN picks AVX-512, its
 # bf16 and VNNI forms and AMX where the CPU has them).
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                 "amx_tile", "amx_bf16", "amx_int8")
 # Environment variables that change numerics or thread pools.
-ENV_PREFIXES = ("TF_ENABLE_ONEDNN_OPTS", "TF_NUM_", "OMP_", "OPENBLAS_", "MKL_", "KMP_")
+ENV_PREFIXES = ("TF_ENABLE_ONEDNN_OPTS", "TF_NUM_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
+                "ONEDNN_", "ALF_ASYNC_HOST_KIND", "ALF_ASYNC_KERNEL_CHOICE")
 
 
 def host():
     """The CPU model, its vector extensions, cores, TensorFlow's version, the
-    environment variables that change numerics or threads, and the seconds
-    of a fixed Python loop and of a fixed numpy matmul (the calibration).
+    environment variables that change numerics or threads, the kernels in
+    effect (`kernels.in_effect`: the host kind, an emulated one, oneDNN,
+    what 'auto' torsos compute in), and the seconds of a fixed Python loop
+    and of a fixed numpy matmul (the calibration).
 
     Call it before TensorFlow and the environments load: the calibration
     then runs on a quiet process.
@@ -48,6 +55,7 @@ def host():
                 cpu_flags=[f for f in VECTOR_FLAGS if f in flags],
                 tensorflow=_version("tensorflow-cpu") or _version("tensorflow"),
                 env={k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+                kernels=kernels.in_effect(),
                 python_loop_secs=round(python_secs, 3), numpy_matmul_secs=round(numpy_secs, 3))
 
 
@@ -68,6 +76,46 @@ def kind(machine):
 
 
 def describe(machine):
-    """One short line for a table: the host's `kind` and its calibration."""
-    return (f"{kind(machine)}, calibration {machine['python_loop_secs']} s / "
+    """One short line for a table: the host's `kind`, the kernels (if
+    recorded) and its calibration."""
+    chosen = machine.get("kernels")
+    kernel_text = "" if chosen is None else (
+        (f", emulating {chosen['emulated_kind']}" if chosen["emulated_kind"] else "")
+        + f", oneDNN {'on' if chosen['onednn'] else 'off'}"
+        + (", kernel choice off" if chosen["choice"] == "off" else ""))
+    return (f"{kind(machine)}{kernel_text}, calibration {machine['python_loop_secs']} s / "
             f"{machine['numpy_matmul_secs']} s")
+
+
+def add_kernel_flags(parser):
+    """A benchmark's --host_kind and --kernel_choice (`choose_kernels`)."""
+    parser.add_argument("--host_kind", choices=kernels.HOST_KINDS,
+                        help="emulate this host kind (this CPU's or one below it): only its "
+                             "CPU flags are seen, oneDNN is capped at its instruction set, "
+                             "'auto' torsos are float32 below avx512_bf16 (default: this "
+                             "CPU's own kind)")
+    parser.add_argument("--kernel_choice", choices=kernels.KERNEL_CHOICES, default="auto",
+                        help="'off': TensorFlow's defaults on the (emulated) host and float32 "
+                             "'auto' torsos, as before alf_async chose kernels")
+
+
+def choose_kernels(args, gin_files, gin_bindings=()):
+    """Before TensorFlow is imported: chooses the kernels for the gin files
+    under `args.host_kind` and `args.kernel_choice` (`add_kernel_flags`) as
+    alf-async-train does, in this process's environment (child processes
+    inherit it), and prints the choice's line to stderr. Returns the gin
+    bindings with `train.kernel_choice` when it is 'off'. Exits 2 with one
+    line for a host kind this CPU cannot emulate."""
+    bindings = list(gin_bindings)
+    if args.kernel_choice != "auto":
+        bindings.append(f"train.kernel_choice = '{args.kernel_choice}'")
+    if args.host_kind:
+        os.environ[kernels.HOST_KIND_VAR] = args.host_kind
+    try:
+        choice = kernels.choose_for_gin(gin_files, bindings)
+    except kernels.KernelConfigError as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    kernels.apply(choice)
+    print(choice.line(), file=sys.stderr, flush=True)
+    return bindings

@@ -19,7 +19,15 @@ profiler, whose events on TF's compute threads give each op's time. Groups:
 
 It prints each group in ms per env step and as a share of the ops' time,
 and the ops' time against the process CPU the calls took (the remainder is
-TF's executor and thread pools outside the ops).
+TF's executor and thread pools outside the ops). Beside it, the learner's
+floor in the same process, with the same kernels (`bare_network`: the
+agent's networks alone, forward, backward and the optimizer's step at the
+learner's batch), and the learner's process CPU over it.
+
+Kernels: chosen as alf-async-train chooses them (`alf_async.kernels`);
+--host_kind emulates another host kind and --kernel_choice off keeps
+TensorFlow's defaults, as benchmarks/README.md says. The JSON's host
+record says what ran.
 """
 
 import argparse
@@ -30,9 +38,9 @@ import os
 import shlex
 import sys
 import tempfile
-import time
 
-from host_info import describe, host
+import bare_network
+from host_info import add_kernel_flags, choose_kernels, describe, host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GROUPS = ("convolutions", "matmuls", "optimizer", "casts", "the rest")
@@ -78,10 +86,13 @@ def op_seconds(logdir):
     return dict(seconds)
 
 
-def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
-    """The gin file's learner: its process CPU (`cpu_ms`), op time (`ops_ms`)
-    and op time by group (`groups_ms`), ms per env step, and
-    `env_steps_per_call`."""
+def measure(gin_file, gin_bindings, calls, warmup_calls, floor_secs, seed=0):
+    """The gin file's learner: its process CPU (`cpu_ms`, the least of 3
+    readings of `floor_secs` / 3 each), op time (`ops_ms`: `calls` calls
+    traced) and op time by group (`groups_ms`), ms per env step, and
+    `env_steps_per_call`; its floor (`floor_ms`, the bare networks timed
+    alike, their readings taken in turn with the learner's) and the floor's
+    batch and gradient steps."""
     from alf_async.bin.train import parse_gin
     parse_gin([gin_file], list(gin_bindings))
     import gin
@@ -95,18 +106,22 @@ def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
                          f"(train.agent_fn = @ppo_agent or @impala_agent)")
     q = gin.query_parameter
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
-    agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
-                                       tf.Variable(0, dtype=tf.int64))
+    agent, floor_agent = (unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
+                                                     tf.Variable(0, dtype=tf.int64))
+                          for _ in range(2))
     env.close()
     agent.initialize()
     train, env_steps_per_call = learner_on_random_batch(agent, seed)
     for _ in range(warmup_calls):
         train()
-    start = time.process_time()
-    for _ in range(calls):
-        train()
+    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
+    floor_step, floor_steps_per_env_step = bare_network.learner_floor_step(floor_agent, rows,
+                                                                         steps, seed)
+    # The learner and its floor timed alike, their readings in turn.
+    train_secs, step_secs = bare_network.least_cpu_per_call([train, floor_step], floor_secs)
+    cpu_ms = 1000.0 * train_secs / env_steps_per_call
+    floor_ms = 1000.0 * step_secs * floor_steps_per_env_step
     env_steps = calls * env_steps_per_call
-    cpu_ms = 1000.0 * (time.process_time() - start) / env_steps
     with tempfile.TemporaryDirectory(prefix="learner_ops_") as logdir:
         tf.profiler.experimental.start(logdir)
         for _ in range(calls):
@@ -114,8 +129,10 @@ def measure(gin_file, gin_bindings, calls, warmup_calls, seed=0):
         tf.profiler.experimental.stop()
         seconds = op_seconds(logdir)
     groups_ms = {g: 1000.0 * s / env_steps for g, s in seconds.items()}
+    batch, gradient_steps = bare_network.learner_batch(agent, rows, steps)
     return dict(cpu_ms=cpu_ms, ops_ms=sum(groups_ms.values()), groups_ms=groups_ms,
-                env_steps_per_call=env_steps_per_call)
+                env_steps_per_call=env_steps_per_call, floor_ms=floor_ms,
+                floor_batch=batch, floor_gradient_steps=gradient_steps)
 
 
 def report(record):
@@ -128,21 +145,29 @@ def report(record):
         print(f"  {g:14} {ms:8.3f} ms  {100.0 * ms / ops:5.1f}%")
     print(f"  {'all ops':14} {ops:8.3f} ms  of {record['cpu_ms']:.3f} ms of process CPU "
           f"per env step ({record['calls']} calls of {record['env_steps_per_call']} env steps)")
+    steps = record["floor_gradient_steps"]
+    print(f"  {'floor':14} {record['floor_ms']:8.3f} ms  the bare networks, {steps} "
+          f"step{'s' if steps != 1 else ''} of {record['floor_batch']}: the learner's process "
+          f"CPU is {record['cpu_ms'] / record['floor_ms']:.2f}x it")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gin_file", default=os.path.join(REPO, "gin_configs", "ppo_pong.gin"))
     parser.add_argument("--gin_bindings", nargs="*", default=[])
-    parser.add_argument("--calls", type=int, default=3, help="train calls timed, then traced")
+    parser.add_argument("--calls", type=int, default=3, help="train calls traced")
     parser.add_argument("--warmup_calls", type=int, default=3)
+    parser.add_argument("--floor_secs", type=float, default=9.0,
+                        help="CPU seconds the learner and its floor are each timed for")
     parser.add_argument("--json", help="write the record here")
+    add_kernel_flags(parser)
     args = parser.parse_args()
     if args.calls < 1 or args.warmup_calls < 1:
         parser.error("--calls and --warmup_calls must be >= 1")
+    bindings = choose_kernels(args, [args.gin_file], args.gin_bindings)   # before TensorFlow
     machine = host()   # before TensorFlow loads
-    record = measure(args.gin_file, args.gin_bindings, args.calls, args.warmup_calls)
-    record.update(gin_file=args.gin_file, gin_bindings=list(args.gin_bindings),
+    record = measure(args.gin_file, bindings, args.calls, args.warmup_calls, args.floor_secs)
+    record.update(gin_file=args.gin_file, gin_bindings=bindings,
                   calls=args.calls, host=machine, command=shlex.join(sys.argv))
     report(record)
     if args.json:

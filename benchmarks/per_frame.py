@@ -57,7 +57,7 @@ import time
 
 import published_curves
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
-from host_info import describe, host
+from host_info import add_kernel_flags, choose_kernels, describe, host
 from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -341,6 +341,7 @@ def main():
     parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    add_kernel_flags(parser)
     args = parser.parse_args()
     args.name = args.name or os.path.splitext(os.path.basename(args.gin_file))[0]
     args.reference = [name for name in args.reference if name != "none"]
@@ -356,6 +357,8 @@ def main():
             record["name"] = renamed.get(record["name"], record["name"])
             records.append(record)
         return report(records, args.marks, args.reference, args.out_dir, args.scores)
+    # Kernels as alf-async-train chooses them, for every run's child.
+    args.gin_bindings = choose_kernels(args, [args.gin_file], args.gin_bindings)
     records = []
     for seed in args.seeds:
         for side in args.sides:

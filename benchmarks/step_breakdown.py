@@ -27,19 +27,19 @@ one after the other, and each child measures:
      summaries);
    - the driver: the whole minus these three (queues, threads, copies,
      the environment's and the policy's graph wrapping, contention).
-3. **The floors.** Env stepping: an EnvPool pool of the same game, stepped
-   alone (Atari games, envpool installed). Inference and the learner: the
-   network's FLOPs per env step at the rate this host's TensorFlow reaches
-   in a 2048 x 2048 matmul or a Nature-CNN convolution at batch 256, in
-   FLOPs per CPU second, in the torso's compute dtype (bfloat16 with
-   `torso_dtype_policy = 'mixed_bfloat16'`, or 'auto' on a CPU with AMX or
-   AVX-512 BF16). The FLOPs: TensorFlow's
-   profiler on the collect policy's forward pass (the actor network); the
-   learner's, that pass times 3 per gradient pass (the usual estimate),
-   times PPO's epochs, plus PPO's value pass over the batch. With the value
-   a head on the actor's torso (ppo_pong.gin) that is the learner's count;
-   a value network of its own (ppo_cartpole.gin) adds its FLOPs, which the
-   floor leaves out. The driver's floor is 0.
+3. **The floors**, in the same process, with the same kernels. Env
+   stepping: an EnvPool pool of the same game, stepped alone (Atari
+   games, envpool installed). Inference and the learner: the bare
+   network (`bare_network`, on a fresh agent of the gin file): the actor
+   network's forward pass on the side's rows, and the networks' forward,
+   backward and optimizer step at the learner's batch (PPO's minibatch),
+   times the gradient steps per env step. PPO's value pass over the batch
+   is above the floor. The driver's floor is 0.
+
+Kernels: chosen as alf-async-train chooses them (`alf_async.kernels`);
+--host_kind emulates another host kind, --kernel_choice off keeps
+TensorFlow's defaults; both sides' children run under the same choice,
+which each record's host says.
 
 The sides' rows: alf_async's actors batch `actor_queue_cap` env threads of
 `env_batch_size` games; the synchronous loop steps and acts on all
@@ -57,8 +57,10 @@ import threading
 import time
 
 import thread_cpu
+from bare_network import cpu_per_call
+import bare_network
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
-from host_info import describe, host
+from host_info import add_kernel_flags, choose_kernels, describe, host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("alf_async", "tf_agents")
@@ -104,21 +106,6 @@ class Window(object):
                     threads_ms={k: per_step(v) for k, v in thread_cpu.split(first, last).items()})
 
 
-def _cpu_per_call(fn, secs, readings=3):
-    """Process CPU seconds per call of `fn` (after one warm-up call): the
-    least of `readings` readings, each timed until `secs / readings` of CPU
-    time have passed."""
-    fn()
-    best = float("inf")
-    for _ in range(readings):
-        calls, start = 0, time.process_time()
-        while calls == 0 or time.process_time() - start < secs / readings:
-            fn()
-            calls += 1
-        best = min(best, (time.process_time() - start) / calls)
-    return best
-
-
 def env_alone(py_env, secs, seed=0):
     """CPU ms per env step of a batched Python environment stepped alone,
     with random actions drawn beforehand."""
@@ -132,7 +119,7 @@ def env_alone(py_env, secs, seed=0):
     actions = itertools.cycle([np.stack([draw() for _ in range(rows)]) if py_env.batched
                                else draw() for _ in range(64)])
     py_env.reset()
-    return 1000.0 * _cpu_per_call(lambda: py_env.step(next(actions)), secs) / rows
+    return 1000.0 * cpu_per_call(lambda: py_env.step(next(actions)), secs) / rows
 
 
 def inference_alone(policy, time_step_spec, rows, secs):
@@ -142,7 +129,7 @@ def inference_alone(policy, time_step_spec, rows, secs):
     time_step = tensor_spec.sample_spec_nest(time_step_spec, outer_dims=(rows,), seed=0)
     state = policy.get_initial_state(rows)
     action = tf.function(lambda: policy.action(time_step, state))
-    return 1000.0 * _cpu_per_call(action, secs) / rows
+    return 1000.0 * cpu_per_call(action, secs) / rows
 
 
 def learner_on_random_batch(agent, seed=0):
@@ -171,7 +158,7 @@ def learner_alone(agent, secs, seed=0):
     """CPU ms per env step of the learner's train call on one batch of
     random experience of its shape (`learner_on_random_batch`)."""
     train, env_steps = learner_on_random_batch(agent, seed)
-    return 1000.0 * _cpu_per_call(train, secs) / env_steps
+    return 1000.0 * cpu_per_call(train, secs) / env_steps
 
 
 def forward_flops(policy, time_step_spec):
@@ -187,37 +174,28 @@ def forward_flops(policy, time_step_spec):
     return tf.compat.v1.profiler.profile(graph=graph, cmd="op", options=options).total_float_ops
 
 
-def flop_rate(secs, dtype="float32"):
-    """FLOPs per CPU second of TensorFlow here in `dtype`: the faster of a
-    2048 x 2048 matmul and a 4x4 convolution of 32 to 64 channels on a
-    [256, 20, 20, 32] batch (the Nature CNN's second layer)."""
-    import tensorflow as tf
-    a = tf.cast(tf.random.normal([2048, 2048]), dtype)
-    x = tf.cast(tf.random.normal([256, 20, 20, 32]), dtype)
-    kernel = tf.cast(tf.random.normal([4, 4, 32, 64]), dtype)
-    matmul = lambda: tf.matmul(a, a).numpy()
-    conv = lambda: tf.nn.conv2d(x, kernel, 2, "VALID").numpy()
-    return max(2 * 2048 ** 3 / _cpu_per_call(matmul, secs),
-               2 * 256 * 9 * 9 * 64 * 4 * 4 * 32 / _cpu_per_call(conv, secs))
-
-
 def floors(agent, time_step_spec, secs, rows):
-    """Each part's floor, CPU ms per env step, with what it rests on."""
+    """Each part's floor, CPU ms per env step, with what it rests on: the
+    bare network (`bare_network`) for inference and the learner, EnvPool
+    alone for env stepping, 0 for the driver."""
     import gin
-
-    import wall_clock_learning as wcl
-    env_name = gin.query_parameter("train.env_name")
+    import tensorflow as tf
+    q = gin.query_parameter
+    learner_rows = q("train.learn_queue_cap") * q("train.env_batch_size")
+    steps = q("train.unroll_length")
     forward = forward_flops(agent.collect_policy, time_step_spec)
-    passes = 1 + 3 * agent._num_epochs if hasattr(agent, "_num_epochs") else 3
-    # The torso's compute dtype sets the rate.
-    from alf_async.learning import agents
-    dtype = agents.torso_compute_dtype(
-        wcl._query(f"{unroll_sync._builder_name()}.torso_dtype_policy", "float32"))
-    rate = flop_rate(secs, dtype)
-    result = dict(forward_flops=forward, learner_passes=passes, flops_per_cpu_sec=rate,
-                  flops_dtype=dtype,
-                  ms={"actor inference": 1000.0 * forward / rate,
-                      "learner": 1000.0 * passes * forward / rate, DRIVER: 0.0})
+    # A fresh agent of the same config: the floor's steps train its networks.
+    fresh = unroll_sync.gin_agent_fn()(time_step_spec, agent.action_spec,
+                                       tf.Variable(0, dtype=tf.int64))
+    learner_ms, step_ms = bare_network.learner_floor(fresh, learner_rows, steps, secs)
+    batch, gradient_steps = bare_network.learner_batch(agent, learner_rows, steps)
+    result = dict(forward_flops=forward, bare_batch=batch, bare_step_ms=step_ms,
+                  bare_gradient_steps=gradient_steps,
+                  # a training pass: ~3 forward passes' FLOPs
+                  bare_train_gflops_per_cpu_sec=3 * forward * batch / step_ms / 1e6,
+                  ms={"actor inference": bare_network.inference_floor(fresh, rows, secs),
+                      "learner": learner_ms, DRIVER: 0.0})
+    env_name = q("train.env_name")
     envpool_id = ENVPOOL_IDS.get(env_name, env_name if env_name in ENVPOOL_IDS.values() else None)
     if envpool_id is not None:
         try:
@@ -305,23 +283,30 @@ def report(records):
     floor_sum = sum(floor["ms"].values()) if "env stepping" in floor["ms"] else None
     print(f"\nCPU ms per env step, {records[0]['gin_file']}; host: "
           f"{describe(records[0]['host'])}")
-    print(f"{'':34}" + "".join(f"{s:>12}" for s in sides) + "   floor")
+    print(f"{'':34}" + "".join(f"{s:>12}" for s in sides)
+          + f"   floor (in {sides[0]}'s process)")
     row = lambda label, values, tail="": print(
         f"{label:34}" + "".join(f"{v:12.3f}" for v in values) + tail)
     row("whole run", [r["whole_ms"] for r in records],
         f"   {floor_sum:.3f} (sum)" if floor_sum is not None else "")
     notes = {"env stepping": "EnvPool alone",
-             "actor inference": f"{floor['forward_flops']:.3g} FLOP a forward pass",
-             "learner": f"{floor['learner_passes']} passes", DRIVER: ""}
+             "actor inference": "the bare actor network",
+             "learner": f"the bare networks: {floor['bare_gradient_steps']} step"
+                        f"{'s' if floor['bare_gradient_steps'] != 1 else ''} of "
+                        f"{floor['bare_batch']}", DRIVER: ""}
     for part in PARTS + (DRIVER,):
         value = floor["ms"].get(part)
         row(f"  {part}" + (" alone" if part != DRIVER else ""),
             [r["alone_ms"][part] for r in records],
             f"   {value:.3f} {notes[part]}" if value is not None else "   (no EnvPool)")
-    print(f"  at {floor['flops_per_cpu_sec'] / 1e9:.1f} GFLOP per CPU second "
-          f"({floor['flops_dtype']})")
+    print(f"  the bare networks train at {floor['bare_train_gflops_per_cpu_sec']:.1f} GFLOP per "
+          f"CPU second ({floor['forward_flops']:.3g} FLOP a forward pass, x3 a training pass)")
+    # Each side over the floors measured in its own process.
+    row("learner alone / its floor", [r["alone_ms"]["learner"] / r["floors"]["ms"]["learner"]
+                                      for r in records])
     if floor_sum:
-        row("whole / sum of floors", [r["whole_ms"] / floor_sum for r in records])
+        row("whole / sum of floors", [r["whole_ms"] / sum(r["floors"]["ms"].values())
+                                      for r in records])
     print("in the run, by thread (graph calls run on TF's pools):")
     for label in records[0]["threads_ms"]:
         values = [r["threads_ms"].get(label, 0.0) for r in records]
@@ -346,11 +331,13 @@ def main():
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    add_kernel_flags(parser)
     args = parser.parse_args()
     if args.one:
         return one_run(args)
     if args.warmup_secs >= args.seconds:
         parser.error("--warmup_secs must be less than --seconds")
+    args.gin_bindings = choose_kernels(args, [args.gin_file], args.gin_bindings)
     records = []
     for side in args.sides:
         with tempfile.TemporaryDirectory(prefix="step_breakdown_") as root_dir:

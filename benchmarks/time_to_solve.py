@@ -55,6 +55,7 @@ import threading
 import time
 
 from child_runs import json_result  # benchmarks/ is this script's directory
+from host_info import add_kernel_flags, choose_kernels
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_GIN = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
@@ -215,9 +216,12 @@ def main():
     parser.add_argument("--one", choices=["async", "sync"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    add_kernel_flags(parser)
     args = parser.parse_args()
     if args.one:
         return one_run(args)
+    # Kernels as alf-async-train chooses them, for every run's child.
+    args.gin_param = choose_kernels(args, [args.gin_file], args.gin_param)
 
     import shutil
     sync_envs = ["suite_gym", "gym_batch"] if args.sync_env == "both" else [args.sync_env]

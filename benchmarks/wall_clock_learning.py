@@ -58,6 +58,11 @@ What it prints and draws: benchmarks/README.md; the flags: --help.
 `--from_json` merges earlier invocations (one seed each, say) and refuses
 runs whose parsed gin configs differ; `--sides alf_async` runs one side only
 (to set dqn_breakout.gin against dqn_breakout_envpool.gin, say).
+
+Kernels: both sides run under the kernels alf-async-train chooses for the
+task's gin file (`alf_async.kernels`); `--host_kind` emulates another host
+kind, `--kernel_choice off` keeps TensorFlow's defaults. Each record's host
+says what ran.
 """
 
 import argparse
@@ -72,7 +77,7 @@ import threading
 import time
 
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
-from host_info import host
+from host_info import add_kernel_flags, choose_kernels, host
 from wall_clock_report import SIDES, algorithm, load_records, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -533,6 +538,7 @@ def main():
     parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
+    add_kernel_flags(parser)
     args = parser.parse_args()
     if args.one:
         return one_run(args)
@@ -545,6 +551,8 @@ def main():
             print(f"wall_clock_learning.py: {e}", file=sys.stderr)
             return 2
         return report(args.task, records, args.report_minutes, args.minutes * 60.0, args.out_dir)
+    # Kernels as alf-async-train chooses them, for both sides' children.
+    args.gin_bindings = choose_kernels(args, [GIN_FILES[args.task]], args.gin_bindings)
     records = {}
     print(f"{algorithm(args.task)} {args.task}: {GIN_FILES[args.task]}, seeds {args.seeds}, {args.minutes:g} min "
           f"per run, eval every {args.eval_every_steps} train steps, sync env {args.sync_env}, "

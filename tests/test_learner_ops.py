@@ -53,3 +53,34 @@ def test_learner_ops_tiny_ppo_run(tmp_path):
     assert record["env_steps_per_call"] == 1024 and record["calls"] == 1
     assert record["host"]["tensorflow"] == "2.15.1"
     assert "all ops" in proc.stdout and "of process CPU" in proc.stdout
+    # The floor: the bare networks, 4 epochs x 4 minibatches of 256 transitions.
+    assert (record["floor_batch"], record["floor_gradient_steps"]) == (256, 16)
+    assert record["floor_ms"] > 0 and "floor" in proc.stdout
+
+
+def test_learner_ops_runs_the_emulated_kind_and_records_it(tmp_path):
+    out = tmp_path / "ops.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "learner_ops.py"),
+         "--gin_file", os.path.join(REPO, "gin_configs", "ppo_cartpole.gin"),
+         "--calls", "1", "--warmup_calls", "1", "--floor_secs", "0.3", "--host_kind", "avx2",
+         "--kernel_choice", "off", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=180,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[0] == (
+        "[alf_async] kernels: avx2 host (emulated); kernel choice off; oneDNN off "
+        "(TensorFlow's default without AVX-512 VNNI, BF16 or AMX); 'auto' torsos compute in "
+        "float32")
+    record = json.loads(out.read_text())
+    assert record["gin_bindings"] == ["train.kernel_choice = 'off'"]
+    chosen = record["host"]["kernels"]
+    assert (chosen["emulated_kind"], chosen["onednn"], chosen["choice"]) == ("avx2", False, "off")
+    assert chosen["variables"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    # This CPU's kind or one below it only.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "learner_ops.py"), "--host_kind",
+         "amx"], capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    if "amx_tile" not in open("/proc/cpuinfo").read():
+        assert proc.returncode == 2 and proc.stderr.startswith(
+            "learner_ops.py: error: host kind 'amx' cannot be emulated on this CPU"), proc.stderr

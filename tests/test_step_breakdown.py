@@ -22,9 +22,15 @@ import thread_cpu  # noqa: E402
 def test_host_record_names_cpu_extensions_versions_and_calibration(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    monkeypatch.setenv("ALF_ASYNC_HOST_KIND", "avx2")
     machine = host_info.host()
-    assert set(machine) == {"cpu", "cores", "cpu_flags", "tensorflow", "env",
+    assert set(machine) == {"cpu", "cores", "cpu_flags", "tensorflow", "env", "kernels",
                             "python_loop_secs", "numpy_matmul_secs"}
+    # What ran: the emulated kind, and oneDNN off as the variable says.
+    assert machine["kernels"]["emulated_kind"] == machine["kernels"]["host_kind"] == "avx2"
+    assert machine["kernels"]["onednn"] is False
+    assert machine["kernels"]["auto_torso_dtype"] == "float32"
+    assert machine["env"]["ALF_ASYNC_HOST_KIND"] == "avx2"
     assert machine["cores"] == os.cpu_count()
     assert machine["tensorflow"] == "2.15.1"
     assert machine["env"]["OMP_NUM_THREADS"] == "3"
@@ -32,11 +38,14 @@ def test_host_record_names_cpu_extensions_versions_and_calibration(monkeypatch):
     assert "PATH" not in machine["env"]
     assert set(machine["cpu_flags"]) <= set(host_info.VECTOR_FLAGS)
     assert machine["python_loop_secs"] > 0 and machine["numpy_matmul_secs"] > 0
-    line = host_info.describe(dict(machine, cpu="X", cpu_flags=["avx512f", "amx_tile"],
+    line = host_info.describe(dict(cpu="X", cpu_flags=["avx512f", "amx_tile"],
                                    python_loop_secs=0.1, numpy_matmul_secs=0.4))
-    assert line == "X (AMX), calibration 0.1 s / 0.4 s"
+    assert line == "X (AMX), calibration 0.1 s / 0.4 s"   # a record made before the kernels
     assert host_info.describe(dict(cpu="X", python_loop_secs=0.1, numpy_matmul_secs=0.4)) == (
         "X (flags not recorded), calibration 0.1 s / 0.4 s")
+    assert host_info.describe(dict(machine, cpu="X", cpu_flags=["avx512f"],
+                                   python_loop_secs=0.1, numpy_matmul_secs=0.4)) == (
+        "X (AVX-512), emulating avx2, oneDNN off, calibration 0.1 s / 0.4 s")
 
 
 def _burn(secs):
@@ -109,6 +118,12 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
     # The collect policy runs the actor net: CartPole's 4-64-64-2 dense
     # layers, 2 x 4,480 multiply-adds and 130 bias adds.
     assert floors["forward_flops"] == 2 * (4 * 64 + 64 * 64 + 64 * 2) + 64 + 64 + 2
-    assert floors["learner_passes"] == 1 + 3 * 4
+    # The bare networks: 4 epochs x 4 minibatches of 1,024 / 4 transitions.
+    assert (floors["bare_batch"], floors["bare_gradient_steps"]) == (256, 16)
+    assert floors["ms"]["learner"] == pytest.approx(floors["bare_step_ms"] * 16 / 1024,
+                                                    rel=1e-9)
+    assert floors["ms"]["actor inference"] > 0
     assert "env stepping" not in floors["ms"]   # no EnvPool CartPole floor
+    # The kernels chosen for ppo_cartpole.gin (dense): TensorFlow's default.
+    assert record["host"]["kernels"]["choice"] == "auto"
     assert "whole run" in proc.stdout and "driver (the rest)" in proc.stdout
