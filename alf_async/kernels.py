@@ -134,37 +134,31 @@ def _flag_value(value):
     return True if value in ("1", "true") else False if value in ("0", "false") else None
 
 
-KernelChoice = collections.namedtuple("KernelChoice", [
-    "host_kind", "emulated", "choice", "onednn", "onednn_reason", "torso_dtype", "environ"])
-KernelChoice.__doc__ = """What `choose` decided.
+class KernelChoice(collections.namedtuple("KernelChoice", [
+        "host_kind", "emulated", "choice", "onednn", "onednn_reason", "torso_dtype",
+        "environ"])):
+    """What `choose` decided.
 
-host_kind: the kind the choice is for (the emulated one, if any).
-emulated: the kind emulated (`HOST_KIND_VAR`), or None; then
-    `host_kind` is the CPU's own.
-choice: 'auto' or 'off' (`KERNEL_CHOICES`).
-onednn: whether TensorFlow will run oneDNN's kernels.
-onednn_reason: why, a few words for `line`.
-torso_dtype: what a torso of `torso_dtype_policy = 'auto'` computes in,
-    'bfloat16' or 'float32'.
-environ: the environment variables `apply` sets ({} if none).
-"""
+    Attributes:
+        host_kind: the kind the choice is for (the emulated one, if any).
+        emulated: the kind emulated (`HOST_KIND_VAR`), or None; then
+            `host_kind` is the CPU's own.
+        choice: 'auto' or 'off' (`KERNEL_CHOICES`).
+        onednn: whether TensorFlow will run oneDNN's kernels.
+        onednn_reason: why, a few words for `line`.
+        torso_dtype: what a torso of `torso_dtype_policy = 'auto'` computes
+            in, 'bfloat16' or 'float32'.
+        environ: the environment variables `apply` sets ({} if none).
+    """
 
+    __slots__ = ()
 
-def _line(self, prefix="[alf_async]"):
-    """The one line a start prints: `[alf_async] kernels: ...`."""
-    kind = self.host_kind + (" host (emulated)" if self.emulated else " host")
-    off = "; kernel choice off" if self.choice == "off" else ""
-    return (f"{prefix} kernels: {kind}{off}; oneDNN {'on' if self.onednn else 'off'} "
-            f"({self.onednn_reason}); 'auto' torsos compute in {self.torso_dtype}")
-
-
-def _record(self):
-    """The choice as a JSON-able dict (benchmarks' host records)."""
-    return dict(self._asdict(), line=self.line())
-
-
-KernelChoice.line = _line
-KernelChoice.record = _record
+    def line(self, prefix="[alf_async]"):
+        """The one line a start prints: `[alf_async] kernels: ...`."""
+        kind = self.host_kind + (" host (emulated)" if self.emulated else " host")
+        off = "; kernel choice off" if self.choice == "off" else ""
+        return (f"{prefix} kernels: {kind}{off}; oneDNN {'on' if self.onednn else 'off'} "
+                f"({self.onednn_reason}); 'auto' torsos compute in {self.torso_dtype}")
 
 
 def choose(flags, environ, networks, choice="auto"):

@@ -32,12 +32,12 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import host_info
 from alf_async import kernels
+from child_runs import json_result
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_GIN_FILES = ["ppo_pong.gin", "impala_pong.gin", "dqn_breakout.gin", "dqn_cartpole.gin",
@@ -86,30 +86,18 @@ def parts(gin_file, part_secs, seed=0):
 
 def _child(gin_file, setting, args, environ):
     env = dict(environ, TF_ENABLE_ONEDNN_OPTS=setting, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", gin_file,
-           "--part_secs", str(args.part_secs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode or not lines:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"kernel_choice.py: the child for {gin_file} with "
-                         f"TF_ENABLE_ONEDNN_OPTS={setting} failed (exit {proc.returncode})")
-    record = json.loads(lines[-1])
+    label = f"{os.path.basename(gin_file)} with TF_ENABLE_ONEDNN_OPTS={setting}"
+    record = json_result([sys.executable, os.path.abspath(__file__), "--one", gin_file,
+                          "--part_secs", str(args.part_secs)], 1800, f"the child for {label}",
+                         env)
     if args.whole_secs:
         with tempfile.TemporaryDirectory(prefix="kernel_choice_") as root_dir:
-            cmd = [sys.executable, os.path.join(REPO, "benchmarks", "step_breakdown.py"),
-                   "--one", "alf_async", "--gin_file", gin_file,
-                   "--seconds", str(args.whole_secs), "--warmup_secs", str(args.warmup_secs),
-                   "--part_secs", str(args.part_secs), "--root_dir", root_dir,
-                   "--gin_bindings"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                                  timeout=args.whole_secs + 3600)
-        lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-        if proc.returncode or not lines:
-            sys.stderr.write(proc.stderr[-3000:])
-            raise SystemExit(f"kernel_choice.py: the whole run of {gin_file} with "
-                             f"TF_ENABLE_ONEDNN_OPTS={setting} failed (exit {proc.returncode})")
-        whole = json.loads(lines[-1])
+            whole = json_result(
+                [sys.executable, os.path.join(REPO, "benchmarks", "step_breakdown.py"),
+                 "--one", "alf_async", "--gin_file", gin_file,
+                 "--seconds", str(args.whole_secs), "--warmup_secs", str(args.warmup_secs),
+                 "--part_secs", str(args.part_secs), "--root_dir", root_dir, "--gin_bindings"],
+                args.whole_secs + 3600, f"the whole run of {label}", env)
         record.update(env_steps_per_sec=whole["env_steps_per_sec"], whole_ms=whole["whole_ms"],
                       cores=whole["cores"], whole_alone_ms=whole["alone_ms"],
                       whole_floors=whole["floors"])

@@ -1,5 +1,6 @@
 """benchmarks/learner_ops.py: the profiler's op events grouped by kind, and
-a tiny run end to end (PPO CartPole's learner)."""
+a tiny run end to end (PPO CartPole's learner), natively and on an
+emulated host kind; benchmarks/kernel_choice.py's rounds end to end."""
 
 import json
 import os
@@ -84,3 +85,29 @@ def test_learner_ops_runs_the_emulated_kind_and_records_it(tmp_path):
     if "amx_tile" not in open("/proc/cpuinfo").read():
         assert proc.returncode == 2 and proc.stderr.startswith(
             "learner_ops.py: error: host kind 'amx' cannot be emulated on this CPU"), proc.stderr
+
+
+def test_kernel_choice_alternates_onednn_off_and_on_under_the_emulated_kind(tmp_path):
+    out = tmp_path / "choice.json"
+    script = os.path.join(REPO, "benchmarks", "kernel_choice.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--gin_files",
+         os.path.join(REPO, "gin_configs", "ppo_cartpole.gin"), "--rounds", "1",
+         "--part_secs", "0.3", "--host_kind", "avx2", "--json", str(out)],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads(out.read_text())
+    assert saved["host_kind"] == "avx2"
+    assert saved["emulation"] == {"ALF_ASYNC_HOST_KIND": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    [(gin_file, by_setting)] = saved["results"].items()
+    assert gin_file.endswith("ppo_cartpole.gin") and sorted(by_setting) == ["0", "1"]
+    for records in by_setting.values():
+        [record] = records
+        assert record["learner"] > 0 and record["inference"] > 0
+        assert record["learner_unit"] == "env step"
+    # ppo_cartpole.gin's 64-unit networks: TensorFlow's default (off) on the AVX2 kind.
+    table = [line for line in proc.stdout.splitlines() if line.startswith("ppo_cartpole.gin")]
+    assert len(table) == 1 and table[0].endswith("oneDNN off"), proc.stdout
+    again = subprocess.run([sys.executable, script, "--from_json", str(out)], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert again.returncode == 0 and table[0] in again.stdout.splitlines(), again.stdout
