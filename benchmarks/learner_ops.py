@@ -7,9 +7,10 @@ profiler on `Learner.train` calls, the ops' time grouped by kind.
 Run it alone on the machine. The learner is step_breakdown.py's "learner
 alone" (`learner_on_random_batch`: the gin file's agent on a batch of
 random experience of the learner's shape, `train.train_steps_per_iteration`
-gradient updates a call). After --warmup_calls, --calls calls are timed in
-process CPU seconds, then the same number are traced by TensorFlow's
-profiler, whose events on TF's compute threads give each op's time. Groups:
+gradient updates a call). After --warmup_calls, its calls are timed in
+process CPU seconds (the least of 3 readings of --floor_secs / 3 each),
+then --calls calls are traced by TensorFlow's profiler, whose events on
+TF's compute threads give each op's time. Groups:
 
 - convolutions (the op types with "Conv"), matmuls ("MatMul");
 - the optimizer: ops named under the optimizer's scope (Keras' `Adam/`),
