@@ -18,7 +18,11 @@ class IncompatibleCheckpointError(ConfigError):
 
 def check_args(**args):
     """Fails before anything is built on a bad value, naming the binding."""
-    positive = ("num_envs", "env_batch_size", "num_actor_queues", "actor_queue_cap",
+    value = args["num_actor_queues"]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"train.num_actor_queues must be an int >= 0 (0: each env thread "
+                          f"acts itself), got {value!r}")
+    positive = ("num_envs", "env_batch_size", "actor_queue_cap",
                 "unroll_length", "learn_queue_cap", "train_steps_per_iteration",
                 "sample_batch_size", "summary_interval", "checkpoint_interval",
                 "eval_interval")

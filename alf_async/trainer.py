@@ -166,7 +166,8 @@ def train(root_dir,
             its rate limiter checked against this schedule, closed at exit).
         num_envs: env threads of the driver (one environment each).
         env_batch_size: environments batched in each env thread's environment.
-        num_actor_queues: actor threads.
+        num_actor_queues: actor threads; 0: none, each env thread acts
+            itself (no actor queue round trip; see docs/performance.md).
         actor_queue_cap: at most this many env threads' requests per batched
             forward pass (an actor takes what is waiting, up to the cap).
         layout: None: the four settings above as bound. 'auto': this run's

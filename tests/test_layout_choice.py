@@ -32,7 +32,8 @@ def _make(**kwargs):
 
 def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
     for layout in (Layout(2, 8, 1, 2, False), Layout(1, 32, 1, 1, True),
-                   Layout(4, 4, 2, 2, False), Layout(1, 16, 1, 1, False, 4)):
+                   Layout(4, 4, 2, 2, False), Layout(1, 16, 1, 1, False, 4),
+                   Layout(2, 8, 0, 1, False), Layout(1, 16, 0, 1, False, 8)):
         assert parse_layout(format_layout(layout)) == layout
     assert format_layout(Layout(2, 8, 1, 2, False)) == "2x8, 1 actor queue (cap 2), in process"
     assert format_layout(Layout(1, 16, 1, 1, False, 4)) == (
@@ -40,8 +41,8 @@ def test_a_layout_is_named_in_a_form_read_back_and_bad_names_are_refused():
     with pytest.raises(ValueError) as raised:
         parse_layout("2x8")
     assert str(raised.value) == (
-        "a layout looks like '2x8, 1 actor queue (cap 2), in process' (or 'in child "
-        "processes'; ', receives of 4' for EnvPool), got '2x8'")
+        "a layout looks like '2x8, 1 actor queue (cap 2), in process' (or 'no actor "
+        "queue'; 'in child processes'; ', receives of 4' for EnvPool), got '2x8'")
 
 
 def test_a_place_whose_candidates_take_long_is_not_measured_again_past_the_budget():
@@ -153,6 +154,7 @@ def test_child_processes_are_measured_too_and_none_is_left():
     # Every candidate fits a big budget: 1x2 and 2x1 (one or two actors),
     # in process and in child processes.
     assert sorted(layout for layout, _ in choice.rates) == sorted(
+        [Layout(e, 2 // e, 0, 1, p) for e in (1, 2) for p in (False, True)] +
         [Layout(1, 2, 1, 1, p) for p in (False, True)] +
         [Layout(2, 1, q, 2 // q, p) for q in (1, 2) for p in (False, True)])
     assert all(rate > 0 for _, rate in choice.rates)
@@ -194,7 +196,8 @@ def test_a_zero_arg_env_constructor_keeps_its_batch_size():
 
     choice = choose_layout(CountingEnvConstructor(batch_size=4), _policy(), 8,
                            budget_secs=1000.0, measure=measure)
-    assert sorted(measured) == [Layout(2, 4, 1, 2, False), Layout(2, 4, 2, 1, False)]
+    assert sorted(measured) == [Layout(2, 4, 0, 1, False), Layout(2, 4, 1, 2, False),
+                                Layout(2, 4, 2, 1, False)]
     assert choice.layout == Layout(2, 4, 2, 1, False) and choice.profile.fixed_batch_size == 4
     with pytest.raises(ValueError) as raised:
         choose_layout(CountingEnvConstructor(batch_size=4), _policy(), 6, measure=measure)
@@ -206,6 +209,6 @@ def test_a_zero_arg_env_constructor_is_measured_as_the_driver_runs_it():
     choice = choose_layout(CountingEnvConstructor(batch_size=2), _policy(), 4,
                            budget_secs=60.0, seconds_per_candidate=0.3)
     assert sorted(layout for layout, _ in choice.rates) == [
-        Layout(2, 2, 1, 2, False), Layout(2, 2, 2, 1, False)]
+        Layout(2, 2, 0, 1, False), Layout(2, 2, 1, 2, False), Layout(2, 2, 2, 1, False)]
     assert all(rate > 0 for _, rate in choice.rates)
     assert not driver_threads()

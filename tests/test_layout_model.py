@@ -17,8 +17,9 @@ def test_an_envpool_profile_adds_receive_sizes_and_no_processes():
                                  cores=2)
     ranked = layout_model.candidates(profile, 8, processes=True, max_threads=2)
     assert sorted(ranked) == sorted(
-        [Layout(1, 8, 1, 1, False, r) for r in (2, 4, 8)] +
-        [Layout(2, 4, q, 2 // q, False, r) for q in (1, 2) for r in (1, 2, 4)])
+        [Layout(1, 8, q, 1, False, r) for q in (0, 1) for r in (2, 4, 8)] +
+        [Layout(2, 4, q, {0: 1, 1: 2, 2: 1}[q], False, r)
+         for q in (0, 1, 2) for r in (1, 2, 4)])
 
 
 def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_early():
@@ -27,10 +28,11 @@ def test_every_split_of_the_rows_is_a_candidate_and_each_thread_count_comes_earl
                                  inference_secs={1: 1e-3, 2: 1e-3, 4: 1.2e-3, 8: 1.5e-3,
                                                  12: 2e-3}, cores=2)
     ranked = layout_model.candidates(profile, 12)
-    # Splits into at most 4 threads per core: 1, 2, 3, 4, 6 env threads; one
-    # or two actor threads (never more than env threads), each taking every
-    # waiting request.
+    # Splits into at most 4 threads per core: 1, 2, 3, 4, 6 env threads;
+    # acting themselves, or one or two actor threads (never more than env
+    # threads), each taking every waiting request.
     assert sorted(ranked) == sorted(
+        [Layout(e, 12 // e, 0, 1, False) for e in (1, 2, 3, 4, 6)] +
         [Layout(e, 12 // e, 1, e, False) for e in (1, 2, 3, 4, 6)] +
         [Layout(e, 12 // e, 2, -(-e // 2), False) for e in (2, 3, 4, 6)])
     assert len({layout.num_envs for layout in ranked[:5]}) == 5
@@ -102,6 +104,26 @@ def test_the_rate_is_a_soft_minimum_of_the_limits_and_two_actors_serve_two_threa
     # Two actors: the same rounds, GIL and cores, twice the passes at once.
     assert layout_model.rate_limits(quick, two)["actors"] == pytest.approx(2 * 8 / 5e-3)
     assert predicted_rate(quick, two) > predicted_rate(quick, one)
+
+
+def test_env_threads_that_act_themselves_pay_less_per_request_and_pass_side_by_side():
+    quick = _flat_profile(100e-6, 5e-3)
+    own = Layout(2, 8, 0, 1, False)
+    python = 100e-6 + 8e-6 + 270e-6 / 8           # no round trip to an actor
+    assert layout_model.requests_per_forward(quick, own) == 1.0
+    assert layout_model.rate_limits(quick, own) == pytest.approx({
+        "rounds": 16 / (8 * python + 5e-3),
+        "gil": 1 / python,
+        "cores": 2 / (python + 5e-3 / 8),
+        "actors": 2 * 8 / 5e-3,                      # each thread its own pass
+    })
+    # Rows stepped one by one act from Python: a traced call costs more
+    # than the round trip to a graph actor.
+    rows = quick._replace(rows_stepped=True)
+    assert layout_model.rate_limits(rows, own)["gil"] == pytest.approx(
+        1 / (100e-6 + 8e-6 + 700e-6 / 8))
+    assert layout_model.rate_limits(rows, own)["gil"] < layout_model.rate_limits(
+        rows, Layout(2, 8, 1, 2, False))["gil"]
 
 
 def test_variants_of_the_fastest_split_are_measured_in_turns_with_the_ranking():

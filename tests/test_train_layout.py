@@ -76,10 +76,23 @@ def test_a_given_layout_runs_as_given_with_the_learner_batch_kept(tmp_path):
                 "measuring layouts" in line]   # nothing measured
 
 
+def test_a_run_whose_env_threads_act_themselves_trains_as_the_threaded_one_does(tmp_path):
+    steps = {}
+    for queues in (0, 1):
+        with gin.unlock_config():
+            gin.bind_parameter("train.num_actor_queues", queues)
+        result = trainer.train(str(tmp_path / str(queues)), num_iterations=6,
+                               print_fn=lambda line: None)
+        assert result.stopped_by == "num_iterations"
+        steps[queues] = (result.env_steps, int(result.global_step))
+    # smoke.gin: 6 learner batches of 2 rows x 4 steps, 6 train steps each way.
+    assert steps[0] == steps[1] == (6 * 2 * 4, 6)
+
+
 @pytest.mark.parametrize("layout, message", [
     ("2x8", "train.layout must be None, 'auto' or a layout: a layout looks like '2x8, 1 actor "
-            "queue (cap 2), in process' (or 'in child processes'; ', receives of 4' for "
-            "EnvPool), got '2x8'"),
+            "queue (cap 2), in process' (or 'no actor queue'; 'in child processes'; ', receives "
+            "of 4' for EnvPool), got '2x8'"),
     ("1x8, 1 actor queue (cap 1), in process",
      "train.layout '1x8, 1 actor queue (cap 1), in process' has 8 environments; "
      "train.num_envs x train.env_batch_size = 4"),

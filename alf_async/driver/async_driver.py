@@ -8,6 +8,10 @@
            +--unroll [B, T]--> learn queue --> run_async() / get_training_exps()
                                                (dequeue_all: learn_queue_cap unrolls)
 
+With `num_actor_queues=0` there are no actor threads and no actor or
+action-return queues: each env thread runs `policy.action` itself between
+its steps (see EnvThread); the log and learn queues are the same.
+
 Every thread runs under one `tf.train.Coordinator`. Stopping is: request
 stop, close every queue (cancelling blocked enqueues and dequeues), join
 with a grace period, close the environments. A thread's exception requests
@@ -37,7 +41,8 @@ from alf_async.tf215_py311_fixes import eager_tensor_fix, protocol_check_fix
 from alf_async.driver import metrics as metrics_lib
 from alf_async.driver.actor_thread import ActorThread
 from alf_async.driver.env_rows import row_envs
-from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS, EnvThread, blocks, uses_python_env
+from alf_async.driver.env_thread import (QUEUE_CLOSED_ERRORS, EnvThread, blocks, own_action,
+                                         uses_python_env)
 from alf_async.driver.log_thread import LogThread
 from alf_async.driver.queues import TFQueues, check_queue_config
 
@@ -69,7 +74,9 @@ class AsyncOffPolicyDriver(object):
                 policy state, if any, is carried per environment.
             num_envs: number of env threads (each owns one environment).
             num_actor_queues: number of actor threads (one queue each); env
-                thread i uses actor queue i % num_actor_queues.
+                thread i uses actor queue i % num_actor_queues. 0: no actor
+                thread; each env thread runs `policy.action` itself between
+                its steps, with no queue round trip (see EnvThread).
             unroll_length: T, steps per unroll shipped to the learner.
             learn_queue_cap: unrolls per learner batch.
             actor_queue_cap: at most this many env threads' requests per
@@ -143,10 +150,21 @@ class AsyncOffPolicyDriver(object):
         # The step token only where two graph-mode Python steps could contend.
         graph_python = [not blocks(e) and uses_python_env(e) for e in self._envs]
         token = q.step_token if sum(graph_python) > 1 else None
+        if num_actor_queues:
+            actors = [dict(actor_queue=q.actor_queues[i % num_actor_queues],
+                           return_queue=q.action_return_queues[i])
+                      for i in range(num_envs)]
+        else:
+            # Env threads that act themselves; those with a Python loop share
+            # one traced forward pass.
+            own = own_action(self._policy, q) if not all(
+                EnvThread.steps_in_graph(e) for e in self._envs) else None
+            actors = [dict(actor_queue=None, return_queue=None, policy=self._policy,
+                           own_action_fn=own)] * num_envs
         self._env_threads = [
-            EnvThread(f"env{i}", self._coord, env, i, q, q.actor_queues[i % num_actor_queues],
-                      q.action_return_queues[i], initial_state, self._unroll_length,
-                      step_token=token if graph_python[i] else None)
+            EnvThread(f"env{i}", self._coord, env, i, q, initial_policy_state=initial_state,
+                      unroll_length=self._unroll_length,
+                      step_token=token if graph_python[i] else None, **actors[i])
             for i, env in enumerate(self._envs)
         ]
         self._metrics = [

@@ -65,6 +65,7 @@ from tf_agents.environments import batched_py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async.driver import applied_steps
+from alf_async.driver.queues import batched_spec
 from alf_async.driver.env_rows import RowRecorder, row_envs, row_stepper
 from alf_async.environments.capabilities import RowFailed
 from alf_async.environments import capabilities
@@ -93,11 +94,41 @@ def uses_python_env(tf_env):
     return capabilities.python_env(tf_env) is not None and getattr(tf_env, "_pool", None) is None
 
 
+def own_action(policy, queues):
+    """The concrete function an env thread that acts itself calls from its
+    Python loops: (flat time step [n, ...], flat policy state [n, ...]) ->
+    the flat policy step [n, ...] in `queues.policy_step_spec`'s dtypes, for
+    any n (the rows that are ready). One per driver, shared by its env
+    threads; traced by the caller (the driver's constructing thread)."""
+    def act(flat_time_step, flat_state):
+        step = policy.action(
+            tf.nest.pack_sequence_as(policy.time_step_spec, flat_time_step),
+            tf.nest.pack_sequence_as(policy.policy_state_spec, flat_state))
+        return [tf.cast(t, s.dtype) for t, s in
+                zip(tf.nest.flatten(step), tf.nest.flatten(queues.policy_step_spec))]
+
+    def signature(spec):
+        return [tf.TensorSpec([None] + s.shape.as_list(), s.dtype) for s in tf.nest.flatten(spec)]
+
+    return tf.function(act, autograph=False).get_concrete_function(
+        signature(queues.time_step_spec), signature(policy.policy_state_spec))
+
+
 class EnvThread(threading.Thread):
-    """Owns one environment (batch size B) and runs it until the queues close."""
+    """Owns one environment (batch size B) and runs it until the queues close.
+
+    It gets its actions from an actor thread (a request on `actor_queue`,
+    the reply on `return_queue`), or, given `policy` instead, acts itself
+    (`num_actor_queues=0`): the graph loop runs `policy.action` in its own
+    graph between the steps, and the Python loops call `own_action`'s
+    concrete function for the rows that are ready. Nothing else differs:
+    the same unrolls, in the same order, go to the same log and learn
+    queues.
+    """
 
     def __init__(self, name, coord, env, env_index, queues, actor_queue, return_queue,
-                 initial_policy_state, unroll_length, step_token=None):
+                 initial_policy_state, unroll_length, step_token=None, policy=None,
+                 own_action_fn=None):
         """
         Args:
             name: thread name.
@@ -105,28 +136,42 @@ class EnvThread(threading.Thread):
             env: a TFEnvironment with batch size B.
             env_index: this thread's index; rows get global ids env_index*B + b.
             queues: the driver's `TFQueues` (for the learn and log queues).
-            actor_queue: the `NestFIFOQueue` this thread sends requests to.
-            return_queue: the `NestFIFOQueue` its actions come back on.
+            actor_queue: the `NestFIFOQueue` this thread sends requests to, or
+                None when it acts itself (`policy`).
+            return_queue: the `NestFIFOQueue` its actions come back on (None
+                with `policy`).
             initial_policy_state: nest of tensors, the policy state for B rows.
             unroll_length: T.
             step_token: the `NestFIFOQueue` holding the token that graph-mode
                 env threads pass around their Python steps, or None to step
                 without one (a lone graph-mode env thread contends with no
                 other: the token would only add two queue ops per step).
+            policy: the TFPolicy to act with in this thread (with no actor
+                queue).
+            own_action_fn: `own_action(policy, queues)`, for the Python
+                loops of a thread that acts itself (traced once per driver).
+
+        Raises:
+            ValueError: neither or both of an actor queue and a policy.
         """
         super().__init__(name=name, daemon=True)
+        if (actor_queue is None) == (policy is None):
+            raise ValueError(f"{name}: give an actor queue and a return queue, or a policy "
+                             f"to act with itself, not both or neither")
         self._coord = coord
         self._env = env
         self._index = env_index
         self._queues = queues
         self._actor_queue = actor_queue
         self._return_queue = return_queue
+        self._policy = policy
+        self._own_action = own_action_fn
         self._initial_policy_state = initial_policy_state
         self._T = unroll_length
         self._B = queues.env_batch_size
         self._step_token = step_token
-        self._batched_time_step_spec, self._batched_state_spec, _ = actor_queue.element_spec
-        self._batched_policy_step_spec = return_queue.element_spec
+        self._batched_time_step_spec, self._batched_state_spec, _ = queues.actor_request_spec
+        self._batched_policy_step_spec = batched_spec(queues.policy_step_spec, self._B)
         self._python_env = uses_python_env(env)
         # AppliedStep environments are stepped by a Python loop, which reads
         # their applied_step() (see applied_steps.py): by rows if row_envs()
@@ -150,12 +195,20 @@ class EnvThread(threading.Thread):
         # once saw 4 env threads' traces outlast the 4 s grace period on a
         # machine loaded 8 deep).
         self._graph_loop = None
-        if row_envs(env) is None and not blocks(env) and not self._reports_applied:
+        if self.steps_in_graph(env):
             self._graph_loop = tf.function(self._loop, autograph=False).get_concrete_function(
                 [tf.TensorSpec(s.shape, s.dtype)
                  for s in tf.nest.flatten(self._batched_time_step_spec)],
                 [tf.TensorSpec(s.shape, s.dtype)
                  for s in tf.nest.flatten(self._batched_state_spec)])
+        elif policy is not None and self._own_action is None:
+            self._own_action = own_action(policy, queues)
+
+    @staticmethod
+    def steps_in_graph(env):
+        """Whether an env thread runs `env` in its graph loop (`_loop`),
+        not in one of its Python loops."""
+        return row_envs(env) is None and not blocks(env) and not applied_steps.reports(env)
 
     @property
     def steps(self):
@@ -213,9 +266,35 @@ class EnvThread(threading.Thread):
     # ------------------------------------------- Python, row by row (blocking)
 
     def _queue_handles(self):
-        """The raw handles of the request, reply, learn and log queues (Python loops)."""
-        return (self._actor_queue.queue.queue_ref, self._return_queue.queue.queue_ref,
-                self._queues.learn_queue.queue.queue_ref, self._queues.log_queue.queue.queue_ref)
+        """The raw handles of the request, reply, learn and log queues (Python
+        loops; request and reply None for a thread that acts itself)."""
+        if self._actor_queue is None:
+            request = reply = None
+        else:
+            request = self._actor_queue.queue.queue_ref
+            reply = self._return_queue.queue.queue_ref
+        return (request, reply, self._queues.learn_queue.queue.queue_ref,
+                self._queues.log_queue.queue.queue_ref)
+
+    def _ask(self, request, reply, step_dtypes, flat_time_step, flat_state, env_ids,
+             rows=None):
+        """The flat policy step of the B rows (Python loops) from the actor
+        (one request, one reply; the rows not asking carry env id -1 and get
+        zeros); or, for a thread that acts itself, from `own_action` for
+        `rows` only, in their order (None: all B). Counts the wait."""
+        start = time.perf_counter()
+        if request is None:
+            if rows is not None:
+                flat_time_step = [f[rows] for f in flat_time_step]
+                flat_state = [f[rows] for f in flat_state]
+            flat_step = [t.numpy() for t in self._own_action(flat_time_step, flat_state)]
+        else:
+            tf.raw_ops.QueueEnqueueV2(handle=request,
+                                      components=flat_time_step + flat_state + [env_ids])
+            flat_step = [t.numpy() for t in tf.raw_ops.QueueDequeueV2(
+                handle=reply, component_types=step_dtypes)]
+        self._py_wait += time.perf_counter() - start
+        return flat_step
 
     def _rows_loop(self, envs):
         """Steps each row on its own worker thread (or with the rows' own
@@ -297,12 +376,10 @@ class EnvThread(threading.Thread):
                 # One request of all B rows; the rows not asking carry env id -1.
                 asking = np.full(B, -1, np.int32)
                 asking[rows] = env_ids[rows]
-                tf.raw_ops.QueueEnqueueV2(handle=request,
-                                          components=recorder.current + state + [asking])
-                start = time.perf_counter()
-                flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
-                self._py_wait += time.perf_counter() - start
-                flat_step = [t.numpy()[rows] for t in flat_step]
+                flat_step = self._ask(request, reply, step_dtypes, recorder.current, state,
+                                      asking, rows)
+                if request is not None:
+                    flat_step = [t[rows] for t in flat_step]
                 recorder.acting_with(rows, flat_step)
                 for field, value in zip(state, flat_step[num_action:num_action + num_state]):
                     field[rows] = value
@@ -338,14 +415,10 @@ class EnvThread(threading.Thread):
                    if self._reports_applied else None)
         while True:
             transitions = []
-            waited = 0.0
             for _ in range(self._T):
-                tf.raw_ops.QueueEnqueueV2(
-                    handle=request, components=tf.nest.flatten(time_step) + flat_state + [env_ids])
-                start = time.perf_counter()
-                flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
-                waited += time.perf_counter() - start
-                policy_step = tf.nest.pack_sequence_as(step_spec, [t.numpy() for t in flat_step])
+                flat_step = self._ask(request, reply, step_dtypes, tf.nest.flatten(time_step),
+                                      flat_state, env_ids)
+                policy_step = tf.nest.pack_sequence_as(step_spec, flat_step)
                 next_time_step = pyenv.step(policy_step.action)
                 if applied is not None:
                     policy_step = applied.after_step(policy_step)
@@ -358,7 +431,6 @@ class EnvThread(threading.Thread):
             tf.raw_ops.QueueEnqueueManyV2(
                 handle=learn, components=unroll if applied is None else applied.for_learner(unroll))
             self._py_steps += self._T * self._B
-            self._py_wait += waited
 
     # ------------------------------------------------------------------ graph
 
@@ -392,11 +464,30 @@ class EnvThread(threading.Thread):
                 returned = token.enqueue(taken)
             with tf.control_dependencies([returned]):
                 flat = [tf.identity(t) for t in flat]
-        flat = [tf.ensure_shape(t, s.shape) for t, s in zip(flat, flat_spec)]
+        for t, s in zip(flat, flat_spec):
+            # Static shapes at trace time (no op): a step of another shape
+            # fails at the learn and log queues' enqueue, which check them.
+            t.set_shape(s.shape)
         return tf.nest.pack_sequence_as(self._batched_time_step_spec, flat)
 
     def _act(self, time_step, policy_state, env_ids):
-        """Sends the B request rows to the actor and waits for their policy steps."""
+        """The policy steps of the B rows, and the seconds waited for them
+        (None for a thread that acts itself, which times nothing: its
+        forward pass is its own work, not a wait).
+
+        From the actor: sends the B request rows and waits for the reply.
+        Acting itself: `policy.action` in this graph, its outputs given the
+        spec's dtypes and (at trace time, no op) its static shapes.
+        """
+        if self._policy is not None:
+            step = self._policy.action(time_step, policy_state)
+            flat_step = []
+            for t, s in zip(tf.nest.flatten(step),
+                            tf.nest.flatten(self._batched_policy_step_spec)):
+                t = tf.cast(t, s.dtype)
+                t.set_shape(s.shape)
+                flat_step.append(t)
+            return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step), None
         # Explicit control dependencies: automatic ones order ops per resource
         # only, and these touch different queues.
         flat_request = tf.nest.flatten((time_step, policy_state, env_ids))
@@ -408,42 +499,48 @@ class EnvThread(threading.Thread):
         if not isinstance(flat_step, list):
             flat_step = [flat_step]  # static shapes: the queue's element shapes
         with tf.control_dependencies(flat_step):
-            self._wait.assign_add(tf.timestamp() - start)
-        return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step)
+            waited = tf.timestamp() - start
+        return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step), waited
 
     def _unroll(self, flat_time_step, flat_state, env_ids):
-        """T steps; returns the Trajectory [B, T] and the loop state after it.
+        """T steps; returns the Trajectory [B, T], the loop state after it
+        and the seconds waited for actions in it (None: not timed).
 
         The T steps are written out in the graph (a Python loop at trace
         time) rather than run by an inner tf.while_loop with TensorArrays,
         which measured ~2x slower per step (benchmarks/throughput.py).
         """
-        transitions = []
+        transitions, waits = [], []
         for _ in range(self._T):
             time_step = tf.nest.pack_sequence_as(self._batched_time_step_spec, flat_time_step)
             state = tf.nest.pack_sequence_as(self._batched_state_spec, flat_state)
-            policy_step = self._act(time_step, state, env_ids)
+            policy_step, waited = self._act(time_step, state, env_ids)
+            if waited is not None:
+                waits.append(waited)
             next_time_step = self._env_step(policy_step.action)
             transitions.append(tf.nest.flatten(
                 trajectory_lib.from_transition(time_step, policy_step, next_time_step)))
             flat_time_step = tf.nest.flatten(next_time_step)
             flat_state = tf.nest.flatten(policy_step.state)
         flat_traj = [tf.stack(leaves, axis=1) for leaves in zip(*transitions)]
-        return flat_traj, flat_time_step, flat_state
+        return flat_traj, flat_time_step, flat_state, (tf.add_n(waits) if waits else None)
 
     def _loop(self, flat_time_step, flat_state):
         env_ids = tf.range(self._index * self._B, (self._index + 1) * self._B, dtype=tf.int32)
 
         def body(flat_time_step, flat_state):
-            flat_traj, flat_time_step, flat_state = self._unroll(flat_time_step, flat_state,
-                                                                 env_ids)
+            flat_traj, flat_time_step, flat_state, waited = self._unroll(
+                flat_time_step, flat_state, env_ids)
             unroll = flat_traj + [env_ids]
             logged = self._queues.log_queue.queue.enqueue_many(unroll)
             with tf.control_dependencies([logged]):
                 learned = self._queues.learn_queue.queue.enqueue_many(unroll)
+            # The counters once per unroll, not per step.
             with tf.control_dependencies([learned]):
-                counted = self._steps.assign_add(self._T * self._B)
-            with tf.control_dependencies([counted]):
+                counted = [self._steps.assign_add(self._T * self._B)]
+                if waited is not None:
+                    counted.append(self._wait.assign_add(waited))
+            with tf.control_dependencies(counted):
                 return ([tf.identity(t) for t in flat_time_step],
                         [tf.identity(t) for t in flat_state])
 

@@ -77,9 +77,10 @@ class DriverHealth(object):
         queues = self._driver.queues
         scalars["Queues/learn_queue_occupancy"] = (
             stats["learn_queue_size"] / queues.learn_queue.capacity)
-        scalars["Queues/actor_queue_occupancy"] = float(np.mean([
-            size / q.capacity for size, q in zip(stats["actor_queue_sizes"],
-                                                  queues.actor_queues)]))
+        if queues.actor_queues:   # none where env threads act themselves
+            scalars["Queues/actor_queue_occupancy"] = float(np.mean([
+                size / q.capacity for size, q in zip(stats["actor_queue_sizes"],
+                                                      queues.actor_queues)]))
         scalars["Queues/log_queue_size"] = stats["log_queue_size"]
         restarts = [r for r in map(restarts_of, self._driver.environments) if r is not None]
         if restarts:

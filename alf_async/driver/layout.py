@@ -86,13 +86,15 @@ _ACTIONS = 16    # random actions drawn for profiling, cycled
 
 def format_layout(layout):
     """'2x8, 1 actor queue (cap 2), in process': how logs and configs name it
-    (', receives of 4' for an EnvPool receive size)."""
+    (', receives of 4' for an EnvPool receive size; '2x8, no actor queue,
+    in process' for env threads that act themselves)."""
     queues = "queue" if layout.num_actor_queues == 1 else "queues"
     where = "in child processes" if layout.processes else "in process"
     receives = "" if layout.recv_batch_size is None else (
         f", receives of {layout.recv_batch_size}")
-    return (f"{layout.num_envs}x{layout.env_batch_size}, {layout.num_actor_queues} actor "
-            f"{queues} (cap {layout.actor_queue_cap}), {where}{receives}")
+    actors = ("no actor queue" if layout.num_actor_queues == 0 else
+              f"{layout.num_actor_queues} actor {queues} (cap {layout.actor_queue_cap})")
+    return f"{layout.num_envs}x{layout.env_batch_size}, {actors}, {where}{receives}"
 
 
 def parse_layout(text):
@@ -101,13 +103,13 @@ def parse_layout(text):
     Raises:
         ValueError: `text` is not a layout `format_layout` writes.
     """
-    match = re.fullmatch(r"\s*(\d+)x(\d+), (\d+) actor queues? \(cap (\d+)\), "
+    match = re.fullmatch(r"\s*(\d+)x(\d+), (?:(\d+) actor queues? \(cap (\d+)\)|no actor queue), "
                          r"in (process|child processes)(?:, receives of (\d+))?\s*", str(text))
     if match is None:
         raise ValueError(f"a layout looks like '2x8, 1 actor queue (cap 2), in process' "
-                         f"(or 'in child processes'; ', receives of 4' for EnvPool), got "
-                         f"{text!r}")
-    envs, rows, queues, cap = (int(g) for g in match.groups()[:4])
+                         f"(or 'no actor queue'; 'in child processes'; ', receives of 4' for "
+                         f"EnvPool), got {text!r}")
+    envs, rows, queues, cap = (int(g or d) for g, d in zip(match.groups()[:4], "0001"))
     recv = None if match.group(6) is None else int(match.group(6))
     return Layout(envs, rows, queues, cap, match.group(5) == "child processes", recv)
 

@@ -45,6 +45,14 @@ if it gives any batch size.
 # measurement decides.
 REQUEST_SECS = 480e-6
 ROW_SECS = 8e-6
+# The same for an env thread that acts itself (num_actor_queues=0), from
+# benchmarks/driver_cost.py: in its graph loop the round trip and the hand-off
+# to an actor are gone (~210 us less per request of 16 rows); its Python
+# loops (rows stepped one by one) call a traced forward pass from Python,
+# which costs more than the round trip to a graph actor (~550 us a call
+# against ~70 us).
+OWN_GRAPH_REQUEST_SECS = 270e-6
+OWN_PYTHON_REQUEST_SECS = 700e-6
 PROCESS_STEP_SECS = 150e-6
 # The limits on a layout's rate are combined as a soft minimum, the
 # SOFT_MIN_POWER-norm of their reciprocals, rather than the tightest alone:
@@ -82,7 +90,8 @@ def rate_limits(profile_, layout):
     Each env thread repeats a round: step its B rows (one after another, or
     all at once where rows are stepped one by one or live in child
     processes), send its request (one per receive for EnvPool), wait for the
-    forward pass of the requests waiting with it (`requests_per_forward`).
+    forward pass of the requests waiting with it (`requests_per_forward`);
+    an env thread that acts itself runs the forward pass of its own request.
     The Python side of stepping (the stepping thread's CPU in process, the
     pipes with processes, the driver's per-request and per-row costs) holds
     the GIL, so the env threads' Python work adds up on one core; the rest
@@ -102,7 +111,8 @@ def rate_limits(profile_, layout):
         "rounds": layout.num_envs * layout.env_batch_size / (env_time + forward),
         "gil": 1.0 / python,
         "cores": profile_.cores / (python + elsewhere + forward / batch),
-        "actors": layout.num_actor_queues * batch / forward,
+        # Env threads that act themselves run their forward passes side by side.
+        "actors": (layout.num_actor_queues or layout.num_envs) * batch / forward,
     }
 
 
@@ -112,11 +122,15 @@ def _stepping(profile_, layout):
     B = layout.env_batch_size
     wait = max(profile_.step_secs - profile_.step_cpu_secs, 0.0)
     request_rows = layout.recv_batch_size or B
+    if layout.num_actor_queues:
+        request = REQUEST_SECS
+    else:
+        request = OWN_PYTHON_REQUEST_SECS if profile_.rows_stepped else OWN_GRAPH_REQUEST_SECS
     if layout.processes:
-        python = PROCESS_STEP_SECS + ROW_SECS + REQUEST_SECS / B     # GIL, per step
+        python = PROCESS_STEP_SECS + ROW_SECS + request / B     # GIL, per step
         elsewhere = profile_.step_cpu_secs                          # in the children
         return python, elsewhere, profile_.step_cpu_secs + wait + B * python
-    python = profile_.step_gil_secs + ROW_SECS + REQUEST_SECS / request_rows
+    python = profile_.step_gil_secs + ROW_SECS + request / request_rows
     elsewhere = profile_.step_cpu_secs - profile_.step_gil_secs
     if profile_.rows_stepped:
         return python, elsewhere, wait + elsewhere * B / request_rows + B * python
@@ -136,6 +150,8 @@ def requests_per_forward(profile_, layout):
     threads then fall into two halves that step while the other half's pass
     runs (two threads on one actor take turns).
     """
+    if layout.num_actor_queues == 0:
+        return 1.0          # each env thread acts for its own request
     request_rows = layout.recv_batch_size or layout.env_batch_size
     request_secs = _stepping(profile_, layout)[2] * request_rows / layout.env_batch_size
     n = -(-layout.num_envs // layout.num_actor_queues)
@@ -152,9 +168,10 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     predicted first: each split into env threads (at most `max_threads`,
     default 4 per core; with `batch_rows`, only splits whose env batch size
     divides it; with the profile's `fixed_batch_size`, only splits into env
-    batches of that size, however many threads) with one actor thread
-    taking every waiting request, and, with two env threads or more on two
-    cores or more, two actor threads;
+    batches of that size, however many threads) with env threads that act
+    themselves (no actor queue), with one actor thread taking every waiting
+    request, and, with two env threads or more on two cores or more, two
+    actor threads;
     in child processes too when `processes`; for EnvPool, in process only,
     with receives of the whole pool, half and a quarter of it.
 
@@ -174,10 +191,10 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
         if (batch_rows is not None and batch_rows % rows) or (
                 rows != fixed if fixed else num_envs > max_threads):
             continue
-        for queues in (1, 2):
+        for queues in (0, 1, 2):
             if queues > num_envs or (queues > 1 and profile_.cores < 2):
                 continue
-            cap = -(-num_envs // queues)
+            cap = -(-num_envs // queues) if queues else 1
             if profile_.receives:   # EnvPool: smaller receives, sooner actions
                 layouts += [Layout(num_envs, rows, queues, cap, False, recv)
                             for recv in sorted({rows, max(1, rows // 2), max(1, rows // 4)})]

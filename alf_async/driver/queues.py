@@ -108,6 +108,9 @@ def batched_spec(spec, batch_size):
 class TFQueues(object):
     """Every queue of one driver.
 
+    With `num_actor_queues=0` (env threads that act themselves) there are
+    no actor queues and no action-return queues.
+
     - `actor_queues[k]`: requests to act, one per env thread per step, each
       the B rows of its env thread: (time_step [B, ...], policy_state
       [B, ...], env_id [B]), env_id the row's global id, or -1 for a row
@@ -144,7 +147,8 @@ class TFQueues(object):
             actor_queue_cap: at most this many requests (env threads'
                 B rows) per batched forward pass.
             num_actor_queues: number of actor threads (one queue each); env
-                thread i uses actor queue i % num_actor_queues.
+                thread i uses actor queue i % num_actor_queues; 0: none, each
+                env thread acts itself.
             unroll_length: T, steps per unroll.
             time_step_spec: the unbatched TimeStep spec nest.
             policy_state_spec: the unbatched policy state spec nest.
@@ -182,7 +186,7 @@ class TFQueues(object):
         ]
         self.action_return_queues = [
             NestFIFOQueue(1, batched_spec(policy_step_spec, B), f"action_return_queue_{i}")
-            for i in range(num_envs)
+            for i in range(num_envs if num_actor_queues else 0)
         ]
         self.learn_queue = NestFIFOQueue(learn_queue_cap * B, self.unroll_spec, "learn_queue")
         self.log_queue = NestFIFOQueue(log_queue_cap or 2 * num_envs * B, self.unroll_spec,
@@ -209,14 +213,18 @@ def check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_
     `actor_queue_cap` is an upper bound (actors take the rows that are
     waiting), so any value >= 1 works; env thread i uses actor queue
     i % num_actor_queues, so more actor queues than env threads would leave
-    an actor that never gets a request.
+    an actor that never gets a request. With no actor queue
+    (`num_actor_queues=0`) each env thread acts itself.
     """
-    for name, value in [("num_envs", num_envs), ("num_actor_queues", num_actor_queues),
-                        ("actor_queue_cap", actor_queue_cap),
+    for name, value in [("num_envs", num_envs), ("actor_queue_cap", actor_queue_cap),
                         ("learn_queue_cap", learn_queue_cap),
                         ("unroll_length", unroll_length)]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not isinstance(num_actor_queues, int) or isinstance(num_actor_queues, bool) or (
+            num_actor_queues < 0):
+        raise ValueError(f"num_actor_queues must be an integer >= 0 (0: each env thread "
+                         f"acts itself), got {num_actor_queues!r}")
     if num_actor_queues > num_envs:
         raise ValueError(
             f"num_actor_queues must be <= num_envs, got {num_actor_queues} > {num_envs}: "
