@@ -7,7 +7,8 @@ comparison, for three environment layers:
 
   inprocess   suite_atari (gymnasium + ale-py) stepped in this process:
               DynamicStepDriver over one BatchedGymEnv(16)        <- baseline
-              the driver, env threads x games (--layouts)
+              the driver, env threads x games (--layouts; 'x:0' acting in
+              the env threads, num_actor_queues=0)
   subprocess  every game in its own child process:
               DynamicStepDriver over tf-agents' ParallelPyEnvironment(16) <- baseline
               the driver over SubprocessEnvs (rows stepped as they answer)
@@ -29,7 +30,7 @@ the environment-alone rate, CPU us and context switches per env step (this
 process and its children) and the actors' mean batch in rows.
 
     python benchmarks/atari_throughput.py [--rounds 3] [--seconds 10]
-        [--layers inprocess subprocess envpool] [--layouts 1x16 2x8 4x4]
+        [--layers inprocess subprocess envpool] [--layouts 1x16 2x8 4x4 2x8:0]
         [--inter_op_threads 0]
 """
 
@@ -93,10 +94,10 @@ def lockstep_round(policy, layer, seconds, seed):
 
 
 def async_round(policy, layer, layout, seconds, seed, recv_batch_size=None):
-    threads, per_thread = layout
+    threads, per_thread, queues = layout
     return measure_driver(AsyncOffPolicyDriver(
         env_constructor(layer, per_thread, seed, recv_batch_size), policy, num_envs=threads,
-        num_actor_queues=1, actor_queue_cap=threads, learn_queue_cap=threads,
+        num_actor_queues=queues, actor_queue_cap=threads, learn_queue_cap=threads,
         unroll_length=8), seconds)
 
 
@@ -125,8 +126,15 @@ def inference_round(policy, spec, batch, seconds):
 
 
 def parse_layout(text):
-    threads, per_thread = (int(x) for x in text.split("x"))
-    return threads, per_thread
+    """'2x8' -> (2, 8, 1 actor queue); '2x8:0' -> (2, 8, 0: acting in the env threads)."""
+    shape, _, queues = text.partition(":")
+    threads, per_thread = (int(x) for x in shape.split("x"))
+    return threads, per_thread, int(queues or 1)
+
+
+def layout_name(layout):
+    threads, per_thread, queues = layout
+    return f"alf_async {threads}x{per_thread}" + (" acting itself" if queues == 0 else "")
 
 
 def summarise(name, results, baseline, ceiling):
@@ -155,7 +163,7 @@ def main():
     args = parser.parse_args()
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     layouts = [parse_layout(x) for x in args.layouts]
-    for threads, per_thread in layouts:
+    for threads, per_thread, _ in layouts:
         if threads * per_thread != NUM_ENVS:
             parser.error(f"layout {threads}x{per_thread} is not {NUM_ENVS} environments")
     probe = suites.load("suite_atari", GAMES["inprocess"], batch_size=1, seed=0)
@@ -177,7 +185,7 @@ def main():
                     async_round(policy, layer, layout, args.seconds, seed,
                                 args.envpool_recv_batch_size))
         print(f"round {r + 1} done ({time.monotonic() - started:.0f} s): " + ", ".join(
-            f"{k[0]} {k[1] if not isinstance(k[1], tuple) else '%dx%d' % k[1]} "
+            f"{k[0]} {k[1] if not isinstance(k[1], tuple) else layout_name(k[1])[len('alf_async '):]} "
             f"{v[-1]['rate']:.0f}" for k, v in rows.items()), flush=True)
 
     header = (f"{'collector (16 Breakout games, Nature-CNN DQN)':44s} {'steps/s':>9s} "
@@ -195,7 +203,7 @@ def main():
         print(header)
         print(summarise(f"tf-agents DynamicStepDriver (lockstep)", base, base, alone))
         for layout in layouts:
-            print(summarise(f"alf_async {layout[0]}x{layout[1]}", rows[(layer, layout)], base,
+            print(summarise(layout_name(layout), rows[(layer, layout)], base,
                             alone))
         print(summarise("environment alone (no TF)", rows[(layer, "alone")], base, alone))
         largest = max(args.inference_batches)

@@ -1,0 +1,439 @@
+"""The driver's own cost per env step, on each of its paths, beside
+lockstep's over the same environment layer.
+
+A tiny environment (CountingEnv: a few numpy writes a step) and a policy
+that costs almost nothing (a constant action), so that what is left is the
+driver's machinery: queue ops, hand-offs between threads, entries into
+Python. Each path runs `--rows` environment rows:
+
+    path        alf_async                                   lockstep over the same layer
+    graph       graph loop, CountingEnvs in one batch       DynamicStepDriver, same batch
+    rows        rows on worker threads (blocking_step)      DynamicStepDriver, same batch
+    envpool     EnvPool CartPole, asynchronous pool (rows)  DynamicStepDriver, lockstep pool
+    subprocess  rows in child processes (SubprocessEnv)     DynamicStepDriver, same children
+    external    ExternalEnv slots, one client thread each   (none: its clients drive it)
+
+alf_async runs in each of `--layouts` (env threads x rows, each with one
+actor thread and with none: `num_actor_queues=0`); its learner only
+dequeues. Rows paths also print the bare-thread ceiling: one Python thread
+per row stepping its environment with no TF. Rounds alternate the sides.
+
+Per env step, medians of the rounds:
+- cpu_us: CPU of the whole process and its children (benchmarks/usage.py);
+- cs: context switches, likewise;
+- tf_ops: ops the driver's graphs run (counted in their traced graphs:
+  the env thread's loop body per T steps, the actor's pass per pass run)
+  plus the eager ops and concrete-function calls its Python loops make
+  (counted as they are called);
+- py_entries: the driver's entries into Python from a wait or from TF
+  (numpy_function callbacks, eager TF calls, which release the GIL and
+  take it back, row-worker steps and stepper receives): the GIL
+  acquisitions the driver asks for, not the interpreter's periodic
+  switches.
+
+    python benchmarks/driver_cost.py [--paths graph rows envpool subprocess external]
+        [--rows 16] [--layouts 1x16 2x8] [--rounds 3] [--seconds 3] [--json out.json]
+"""
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_info  # noqa: E402  (benchmarks/)
+
+PATHS = ("graph", "rows", "envpool", "subprocess", "external")
+
+
+# ------------------------------------------------------------------ counting
+
+def graph_ops(concrete_function):
+    """{function name: node count} of a traced concrete function's graph
+    and the functions in its library (while bodies and conditions)."""
+    graph_def = concrete_function.graph.as_graph_def()
+    counts = {"": len(graph_def.node)}
+    for f in graph_def.library.function:
+        counts[f.signature.name] = len(f.node_def)
+    return counts
+
+
+def body_ops(concrete_function):
+    """Nodes in the while loop bodies of `concrete_function` (the loop the
+    driver's threads run until their queues close)."""
+    return sum(n for name, n in graph_ops(concrete_function).items() if "body" in name)
+
+
+def graph_ops_per_step(driver):
+    """The driver's graph ops per env step (row step), read from its traced
+    graphs before it starts: {'env_thread': per step of an env thread's
+    graph loop, 'actor': per pass of an actor / the rows of a full request,
+    'total', 'queue_ops_per_step': the queue ops among the env thread's}.
+    Counts only env threads that run the graph loop."""
+    B, T = driver.env_batch_size, driver._unroll_length   # pylint: disable=protected-access
+    env_ops, queue_ops = [], []
+    for t in driver._env_threads:   # pylint: disable=protected-access
+        loop = t._graph_loop   # pylint: disable=protected-access
+        if loop is None:
+            continue
+        env_ops.append(body_ops(loop) / (T * B))
+        graph_def = loop.graph.as_graph_def()
+        queue_ops.append(sum(1 for f in graph_def.library.function if "body" in f.signature.name
+                             for n in f.node_def if n.op.startswith("Queue")) / T)
+    actor = [body_ops(a._loop) / B for a in driver._actor_threads]   # pylint: disable=protected-access
+    env = statistics.mean(env_ops) if env_ops else 0.0
+    act = statistics.mean(actor) if actor else 0.0
+    return dict(env_thread=env, actor=act, total=env + act,
+                queue_ops_per_step=statistics.mean(queue_ops) if queue_ops else 0.0)
+
+
+class Counter(object):
+    """Thread-safe counts of the calls the patches below see."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counts = collections.Counter()
+
+    def add(self, what, n=1):
+        with self._lock:
+            self.counts[what] += n
+
+    def wrap(self, what, fn, ops=1):
+        def counted(*args, **kwargs):
+            self.add(what)
+            if what.startswith("eager"):
+                self.add("eager_ops", ops)
+            return fn(*args, **kwargs)
+        return counted
+
+
+def patch_eager_queue_ops(counter):
+    """Counts, process-wide, the eager queue ops the Python loops call;
+    returns an undo."""
+    import tensorflow as tf   # pylint: disable=import-outside-toplevel
+    saved = []
+    for name in ("QueueEnqueueV2", "QueueDequeueV2", "QueueEnqueueManyV2"):
+        saved.append((tf.raw_ops, name, getattr(tf.raw_ops, name)))
+        setattr(tf.raw_ops, name, counter.wrap("eager_" + name, getattr(tf.raw_ops, name)))
+
+    def undo():
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+    return undo
+
+
+def count_env_steps(tf_env, counter):
+    """Counts the Python steps of `tf_env`: its rows' where the driver steps
+    them one by one (a worker thread's or a stepper's), else the batch's
+    (a numpy_function's callback)."""
+    from alf_async.driver import env_rows   # pylint: disable=import-outside-toplevel
+    rows = env_rows.row_envs(tf_env)
+    if isinstance(rows, list):
+        for env in rows:
+            env.step = counter.wrap("row_step", env.step)
+    elif rows is not None:    # a RowStepping batch (EnvPool): its receives
+        make = rows.make_row_stepper
+
+        def counted_stepper(on_step):
+            stepper = make(on_step)
+            stepper.recv = counter.wrap("stepper_recv", stepper.recv)
+            return stepper
+        rows.make_row_stepper = counted_stepper
+    elif getattr(tf_env, "pyenv", None) is not None:
+        tf_env.pyenv.step = counter.wrap("numpy_function", tf_env.pyenv.step)
+
+
+def count_driver_parts(driver, counter):
+    """Counts the own-action calls (and their graph's ops) and the Python
+    steps of `driver`'s env threads (before it starts)."""
+    for t in driver._env_threads:   # pylint: disable=protected-access
+        own = t._own_action   # pylint: disable=protected-access
+        if own is not None:
+            ops = sum(graph_ops(own).values())
+            t._own_action = counter.wrap("eager_own_action", own, ops=ops)  # pylint: disable=protected-access
+        count_env_steps(t._env, counter)   # pylint: disable=protected-access
+
+
+def python_entries(counts):
+    """The counted entries into Python (see the module docstring)."""
+    return sum(n for what, n in counts.items() if what != "eager_ops")
+
+
+# ------------------------------------------------------------------ the paths
+
+def make_policy(tf_env):
+    """A TFPolicy whose action is the spec's minimum, for any batch: no
+    network, a handful of ops."""
+    import tensorflow as tf   # pylint: disable=import-outside-toplevel
+    from tf_agents.policies import tf_policy   # pylint: disable=import-outside-toplevel
+    from tf_agents.trajectories import policy_step   # pylint: disable=import-outside-toplevel
+
+    class ConstantPolicy(tf_policy.TFPolicy):
+        def _action(self, time_step, policy_state, seed):
+            spec = self.action_spec
+            batch = tf.shape(time_step.step_type)[:1]
+            action = tf.fill(tf.concat([batch, spec.shape.as_list()], 0),
+                             tf.constant(spec.minimum, spec.dtype))
+            return policy_step.PolicyStep(action, policy_state, ())
+
+        def _distribution(self, time_step, policy_state):
+            raise NotImplementedError
+
+    return ConstantPolicy(tf_env.time_step_spec(), tf_env.action_spec())
+
+
+def constructors(path, episode_length=200):
+    """(alf_async's env constructor(batch size), lockstep's TFEnvironment
+    constructor(batch size), bare-thread row constructor or None)."""
+    from alf_async.testing.envs import (BlockingCountingEnv, CountingEnv,   # pylint: disable=import-outside-toplevel
+                                        CountingEnvConstructor)
+    if path in ("graph", "rows"):
+        cls = CountingEnv if path == "graph" else BlockingCountingEnv
+        kwargs = {} if path == "graph" else dict(latency=0.0)
+
+        def make(b):
+            return CountingEnvConstructor(batch_size=b, episode_length=episode_length,
+                                          env_cls=cls, **kwargs)()
+        return make, make, lambda: CountingEnv(episode_length=episode_length)
+    if path == "envpool":
+        from alf_async.environments import suite_envpool   # pylint: disable=import-outside-toplevel
+        return ((lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
+                                              stepping="rows")),
+                (lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
+                                              stepping="lockstep")), None)
+    if path == "subprocess":
+        import functools   # pylint: disable=import-outside-toplevel
+        from alf_async.environments import subprocess_env_constructor  # pylint: disable=import-outside-toplevel
+        one = functools.partial(CountingEnv, episode_length=episode_length)
+        return ((lambda b: subprocess_env_constructor(one, num_envs=b)()),
+                (lambda b: subprocess_env_constructor(one, num_envs=b)()),
+                lambda: CountingEnv(episode_length=episode_length))
+    raise ValueError(path)
+
+
+def alf_round(path, layout, queues, seconds, unroll_length):
+    """Usage per step of alf_async on `path` in `layout` (threads, rows)."""
+    from alf_async import AsyncOffPolicyDriver   # pylint: disable=import-outside-toplevel
+    from usage import measure_driver   # pylint: disable=import-outside-toplevel
+    threads, rows = layout
+    if path == "external":
+        return external_round(layout, queues, seconds, unroll_length)
+    make, _, _ = constructors(path)
+    probe = make(1)
+    policy = make_policy(probe)
+    probe.close()
+    driver = AsyncOffPolicyDriver(lambda: make(rows), policy, num_envs=threads,
+                                  num_actor_queues=queues, actor_queue_cap=threads,
+                                  learn_queue_cap=threads, unroll_length=unroll_length)
+    graph = graph_ops_per_step(driver)
+    counter = Counter()
+    count_driver_parts(driver, counter)
+    undo = patch_eager_queue_ops(counter)
+    try:
+        result = measure_driver(driver, seconds)
+    finally:
+        undo()
+    stats = driver.get_perf_stats()
+    return finish(result, graph, counter, stats, driver)
+
+
+def finish(result, graph, counter, stats, driver):
+    steps = max(stats["env_steps"], 1)
+    passes = stats["actor_batches"]
+    # Actor passes run, each its graph's ops (graph["actor"] is per row of
+    # a full request: scale back to per pass).
+    actor_ops = graph["actor"] * driver.env_batch_size * passes
+    graph_loop_steps = sum(int(t._steps.numpy())   # pylint: disable=protected-access
+                           for t in driver._env_threads)   # pylint: disable=protected-access
+    env_ops = graph["env_thread"] * graph_loop_steps
+    result["tf_ops"] = (env_ops + actor_ops + counter.counts["eager_ops"]) / steps
+    result["py_entries"] = python_entries(counter.counts) / steps
+    return result
+
+
+def external_round(layout, queues, seconds, unroll_length):
+    """ExternalEnv slots fed by one in-process client thread per slot."""
+    import numpy as np   # pylint: disable=import-outside-toplevel
+    from tf_agents.specs import array_spec   # pylint: disable=import-outside-toplevel
+    from alf_async import AsyncOffPolicyDriver   # pylint: disable=import-outside-toplevel
+    from alf_async.environments import ExternalEnv   # pylint: disable=import-outside-toplevel
+    from alf_async.environments.episode_records import ExternalEnvStoppedError  # pylint: disable=import-outside-toplevel
+    from usage import measure_driver   # pylint: disable=import-outside-toplevel
+    threads, rows = layout
+    obs_spec = array_spec.ArraySpec((3,), np.float32, "observation")
+    act_spec = array_spec.BoundedArraySpec((), np.int32, 0, 1, "action")
+
+    class Clients(ExternalEnv):
+        def run(self):
+            workers = [threading.Thread(target=self.client, daemon=True)
+                       for _ in range(threads * rows)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+
+        def client(self):
+            obs = np.zeros(3, np.float32)
+            try:
+                while True:
+                    episode = self.start_episode()
+                    self.get_action(episode, obs)
+                    for _ in range(199):
+                        self.get_action(episode, obs, reward=1.0)
+                    self.end_episode(episode, obs)
+            except ExternalEnvStoppedError:
+                return         # the driver stopped
+            except Exception as e:   # pylint: disable=broad-except
+                print(f"client: {type(e).__name__}: {e}", file=sys.stderr)
+
+    ext = Clients(act_spec, obs_spec, max_concurrent=threads * rows + 4)
+    make = ext.env_constructor(slots_per_env=rows)
+    from tf_agents.specs import tensor_spec   # pylint: disable=import-outside-toplevel
+    from tf_agents.trajectories import time_step as ts   # pylint: disable=import-outside-toplevel
+
+    class _Specs(object):
+        def time_step_spec(self):
+            return ts.time_step_spec(tensor_spec.from_spec(obs_spec))
+
+        def action_spec(self):
+            return tensor_spec.from_spec(act_spec)
+    policy = make_policy(_Specs())
+    driver = AsyncOffPolicyDriver(make, policy, num_envs=threads, num_actor_queues=queues,
+                                  actor_queue_cap=threads, learn_queue_cap=threads,
+                                  unroll_length=unroll_length)
+    graph = graph_ops_per_step(driver)
+    counter = Counter()
+    count_driver_parts(driver, counter)
+    undo = patch_eager_queue_ops(counter)
+    try:
+        result = measure_driver(driver, seconds)
+    finally:
+        undo()
+    return finish(result, graph, counter, driver.get_perf_stats(), driver)
+
+
+def lockstep_round(path, rows, seconds):
+    """Usage per step of tf-agents' DynamicStepDriver over `rows` rows of
+    the same layer, with its traced ops and numpy_function entries."""
+    from tf_agents.drivers import dynamic_step_driver   # pylint: disable=import-outside-toplevel
+    from tf_agents.utils import common   # pylint: disable=import-outside-toplevel
+    from usage import Usage   # pylint: disable=import-outside-toplevel
+    _, make, _ = constructors(path)
+    env = make(rows)
+    try:
+        policy = make_policy(env)
+        counter = Counter()
+        count_env_steps(env, counter)
+        steps_per_run = rows * 16
+        driver = dynamic_step_driver.DynamicStepDriver(env, policy, num_steps=steps_per_run)
+        run = common.function(driver.run, autograph=False)
+        time_step, policy_state = run()
+        counter.counts.clear()        # traced and warm: count from here
+        concrete = run.get_concrete_function(time_step, policy_state)
+        ops_per_step = body_ops(concrete) / rows     # one batch step per iteration
+        steps, usage = 0, Usage()
+        while usage.elapsed() < seconds:
+            time_step, policy_state = run(time_step, policy_state)
+            steps += steps_per_run
+        result = usage.per_step(steps)
+    finally:
+        env.close()
+    result["tf_ops"] = ops_per_step
+    # Its Python steps, and one eager call per run of steps_per_run.
+    result["py_entries"] = python_entries(counter.counts) / max(steps, 1) + 1.0 / steps_per_run
+    return result
+
+
+def ceiling_round(path, rows, seconds):
+    """Bare Python threads, one per row, each stepping its environment with
+    a fixed action and no TF: the ceiling for rows stepped on threads."""
+    import numpy as np   # pylint: disable=import-outside-toplevel
+    from usage import Usage   # pylint: disable=import-outside-toplevel
+    _, _, make_row = constructors(path)
+    envs = [make_row() for _ in range(rows)]
+    stop, counts = threading.Event(), [0] * rows
+
+    def work(i):
+        env, action = envs[i], np.int32(0)
+        env.reset()
+        while not stop.is_set():
+            env.step(action)
+            counts[i] += 1
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(rows)]
+    usage = Usage()
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    result = usage.per_step(sum(counts))
+    result["tf_ops"] = 0.0
+    result["py_entries"] = 1.0
+    return result
+
+
+# ------------------------------------------------------------------ the table
+
+FIELDS = ("rate", "cpu_us", "cs", "tf_ops", "py_entries")
+
+
+def medians(rounds):
+    return {f: statistics.median(r[f] for r in rounds) for f in FIELDS}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--layouts", nargs="+", default=["1x16", "2x8"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--unroll_length", type=int, default=16)
+    parser.add_argument("--json", default=None)
+    host_info.add_kernel_flags(parser)
+    args = parser.parse_args()
+    host_info.choose_kernels(args, [])
+    layouts = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
+    for t, b in layouts:
+        if t * b != args.rows:
+            parser.error(f"--layouts {t}x{b} has {t * b} rows, --rows is {args.rows}")
+    table = collections.OrderedDict()
+    for path in args.paths:
+        sides = collections.OrderedDict()
+        if path != "external":
+            sides["lockstep"] = lambda p=path: lockstep_round(p, args.rows, args.seconds)
+        if path in ("rows", "subprocess"):
+            sides["bare threads"] = lambda p=path: ceiling_round(p, args.rows, args.seconds)
+        for t, b in layouts:
+            for queues in (1, 0):
+                name = f"alf_async {t}x{b}, " + ("1 actor" if queues else "acting itself")
+                sides[name] = (lambda p=path, layout=(t, b), q=queues:
+                               alf_round(p, layout, q, args.seconds, args.unroll_length))
+        rounds = collections.defaultdict(list)
+        for r in range(args.rounds):
+            for name, run in sides.items():
+                rounds[name].append(run())
+                print(f"  {path} round {r + 1} {name}: " + " ".join(
+                    f"{f}={rounds[name][-1][f]:.3g}" for f in FIELDS), flush=True)
+        table[path] = {name: dict(medians(rs), rounds=rs) for name, rs in rounds.items()}
+    machine = host_info.host()
+    print(f"\nper env step, medians of {args.rounds} rounds; {host_info.describe(machine)}")
+    print(f"{'path':<11}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'cs':>7}{'tf_ops':>8}"
+          f"{'py_entries':>11}{'cpu/lockstep':>13}")
+    for path, sides in table.items():
+        base = sides.get("lockstep")
+        for name, m in sides.items():
+            ratio = f"{m['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
+            print(f"{path:<11}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{m['cs']:>7.2f}"
+                  f"{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(host=machine, args=vars(args), table=table), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
