@@ -16,10 +16,13 @@ Python. Each path runs `--rows` environment rows:
 alf_async runs in each of `--layouts` (env threads x rows, each with one
 actor thread and with none: `num_actor_queues=0`); its learner only
 dequeues. Rows paths also print the bare-thread ceiling: one Python thread
-per row stepping its environment with no TF. Rounds alternate the sides.
+per row stepping its environment (in process, or its child) with no TF.
+Rounds alternate the sides.
 
 Per env step, medians of the rounds:
 - cpu_us: CPU of the whole process and its children (benchmarks/usage.py);
+- own_us: cpu_us less that of the environment layer alone (lockstep's
+  batch stepped in a Python loop, no TF): the collector's own CPU;
 - cs: context switches, likewise;
 - tf_ops: ops the driver's graphs run (counted in their traced graphs:
   the env thread's loop body per T steps, the actor's pass per pass run)
@@ -197,7 +200,7 @@ def constructors(path, episode_length=200):
         def make(b):
             return CountingEnvConstructor(batch_size=b, episode_length=episode_length,
                                           env_cls=cls, **kwargs)()
-        return make, make, lambda: CountingEnv(episode_length=episode_length)
+        return make, make, lambda: cls(episode_length=episode_length, **kwargs)
     if path == "envpool":
         from alf_async.environments import suite_envpool   # pylint: disable=import-outside-toplevel
         return ((lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
@@ -208,9 +211,10 @@ def constructors(path, episode_length=200):
         import functools   # pylint: disable=import-outside-toplevel
         from alf_async.environments import subprocess_env_constructor  # pylint: disable=import-outside-toplevel
         one = functools.partial(CountingEnv, episode_length=episode_length)
+        from alf_async.environments.subprocess_env import SubprocessEnv  # pylint: disable=import-outside-toplevel
         return ((lambda b: subprocess_env_constructor(one, num_envs=b)()),
                 (lambda b: subprocess_env_constructor(one, num_envs=b)()),
-                lambda: CountingEnv(episode_length=episode_length))
+                lambda: SubprocessEnv(one))
     raise ValueError(path)
 
 
@@ -347,6 +351,33 @@ def lockstep_round(path, rows, seconds):
     return result
 
 
+def env_alone_round(path, rows, seconds):
+    """The environment layer alone: lockstep's batch of `rows` stepped in a
+    Python loop with a fixed action and no TF. Subtracted from each side's
+    CPU, it leaves the collector's own (`own_us`)."""
+    import numpy as np   # pylint: disable=import-outside-toplevel
+    from usage import Usage   # pylint: disable=import-outside-toplevel
+    _, make, _ = constructors(path)
+    env = make(rows)
+    try:
+        pyenv = env.pyenv
+        spec = pyenv.action_spec()
+        action = np.full((rows,) + spec.shape, spec.minimum, spec.dtype)
+        pyenv.reset()
+        pyenv.step(action)
+        steps, usage = 0, Usage()
+        while usage.elapsed() < seconds:
+            for _ in range(16):
+                pyenv.step(action)
+            steps += 16 * rows
+        result = usage.per_step(steps)
+    finally:
+        env.close()
+    result["tf_ops"] = 0.0
+    result["py_entries"] = 1.0 / rows
+    return result
+
+
 def ceiling_round(path, rows, seconds):
     """Bare Python threads, one per row, each stepping its environment with
     a fixed action and no TF: the ceiling for rows stepped on threads."""
@@ -371,6 +402,8 @@ def ceiling_round(path, rows, seconds):
     for t in threads:
         t.join()
     result = usage.per_step(sum(counts))
+    for env in envs:
+        env.close()
     result["tf_ops"] = 0.0
     result["py_entries"] = 1.0
     return result
@@ -406,6 +439,9 @@ def main():
         sides = collections.OrderedDict()
         if path != "external":
             sides["lockstep"] = lambda p=path: lockstep_round(p, args.rows, args.seconds)
+        if path != "external":
+            sides["environment alone"] = lambda p=path: env_alone_round(p, args.rows,
+                                                                        args.seconds)
         if path in ("rows", "subprocess"):
             sides["bare threads"] = lambda p=path: ceiling_round(p, args.rows, args.seconds)
         for t, b in layouts:
@@ -422,14 +458,21 @@ def main():
         table[path] = {name: dict(medians(rs), rounds=rs) for name, rs in rounds.items()}
     machine = host_info.host()
     print(f"\nper env step, medians of {args.rounds} rounds; {host_info.describe(machine)}")
-    print(f"{'path':<11}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'cs':>7}{'tf_ops':>8}"
-          f"{'py_entries':>11}{'cpu/lockstep':>13}")
+    print("own_us: cpu_us less the environment alone's; own/lockstep: its ratio to "
+          "lockstep's own_us")
+    print(f"{'path':<11}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'own_us':>8}{'cs':>7}"
+          f"{'tf_ops':>8}{'py_entries':>11}{'own/lockstep':>13}")
     for path, sides in table.items():
+        alone = sides.get("environment alone")
+        for name, m in sides.items():
+            m["own_us"] = m["cpu_us"] - alone["cpu_us"] if alone else None
         base = sides.get("lockstep")
         for name, m in sides.items():
-            ratio = f"{m['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
-            print(f"{path:<11}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{m['cs']:>7.2f}"
-                  f"{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}")
+            own = "-" if m["own_us"] is None else f"{m['own_us']:.1f}"
+            ratio = (f"{m['own_us'] / base['own_us']:.2f}x"
+                     if base and m["own_us"] is not None and base["own_us"] > 0 else "-")
+            print(f"{path:<11}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{own:>8}"
+                  f"{m['cs']:>7.2f}{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(host=machine, args=vars(args), table=table), f, indent=1)
