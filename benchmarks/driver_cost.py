@@ -220,8 +220,6 @@ def constructors(path, episode_length=200):
 
 def alf_round(path, layout, queues, seconds, unroll_length):
     """Usage per step of alf_async on `path` in `layout` (threads, rows)."""
-    from alf_async import AsyncOffPolicyDriver   # pylint: disable=import-outside-toplevel
-    from usage import measure_driver   # pylint: disable=import-outside-toplevel
     threads, rows = layout
     if path == "external":
         return external_round(layout, queues, seconds, unroll_length)
@@ -229,7 +227,15 @@ def alf_round(path, layout, queues, seconds, unroll_length):
     probe = make(1)
     policy = make_policy(probe)
     probe.close()
-    driver = AsyncOffPolicyDriver(lambda: make(rows), policy, num_envs=threads,
+    return measure_counted(lambda: make(rows), policy, threads, queues, seconds, unroll_length)
+
+
+def measure_counted(env_constructor, policy, threads, queues, seconds, unroll_length):
+    """`measure_driver` of a driver of `threads` env threads, with its graph
+    ops and Python entries per env step counted."""
+    from alf_async import AsyncOffPolicyDriver   # pylint: disable=import-outside-toplevel
+    from usage import measure_driver   # pylint: disable=import-outside-toplevel
+    driver = AsyncOffPolicyDriver(env_constructor, policy, num_envs=threads,
                                   num_actor_queues=queues, actor_queue_cap=threads,
                                   learn_queue_cap=threads, unroll_length=unroll_length)
     graph = graph_ops_per_step(driver)
@@ -240,11 +246,11 @@ def alf_round(path, layout, queues, seconds, unroll_length):
         result = measure_driver(driver, seconds)
     finally:
         undo()
-    stats = driver.get_perf_stats()
-    return finish(result, graph, counter, stats, driver)
+    return finish(result, graph, counter, driver.get_perf_stats(), driver)
 
 
 def finish(result, graph, counter, stats, driver):
+    """`result` with tf_ops and py_entries per env step."""
     steps = max(stats["env_steps"], 1)
     passes = stats["actor_batches"]
     # Actor passes run, each its graph's ops (graph["actor"] is per row of
@@ -262,10 +268,8 @@ def external_round(layout, queues, seconds, unroll_length):
     """ExternalEnv slots fed by one in-process client thread per slot."""
     import numpy as np   # pylint: disable=import-outside-toplevel
     from tf_agents.specs import array_spec   # pylint: disable=import-outside-toplevel
-    from alf_async import AsyncOffPolicyDriver   # pylint: disable=import-outside-toplevel
     from alf_async.environments import ExternalEnv   # pylint: disable=import-outside-toplevel
     from alf_async.environments.episode_records import ExternalEnvStoppedError  # pylint: disable=import-outside-toplevel
-    from usage import measure_driver   # pylint: disable=import-outside-toplevel
     threads, rows = layout
     obs_spec = array_spec.ArraySpec((3,), np.float32, "observation")
     act_spec = array_spec.BoundedArraySpec((), np.int32, 0, 1, "action")
@@ -304,19 +308,7 @@ def external_round(layout, queues, seconds, unroll_length):
 
         def action_spec(self):
             return tensor_spec.from_spec(act_spec)
-    policy = make_policy(_Specs())
-    driver = AsyncOffPolicyDriver(make, policy, num_envs=threads, num_actor_queues=queues,
-                                  actor_queue_cap=threads, learn_queue_cap=threads,
-                                  unroll_length=unroll_length)
-    graph = graph_ops_per_step(driver)
-    counter = Counter()
-    count_driver_parts(driver, counter)
-    undo = patch_eager_queue_ops(counter)
-    try:
-        result = measure_driver(driver, seconds)
-    finally:
-        undo()
-    return finish(result, graph, counter, driver.get_perf_stats(), driver)
+    return measure_counted(make, make_policy(_Specs()), threads, queues, seconds, unroll_length)
 
 
 def lockstep_round(path, rows, seconds):

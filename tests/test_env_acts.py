@@ -3,7 +3,9 @@ trajectories as the threaded actor's, row by row, on every loop (graph,
 rows, Python), stop within 5 s, errors with their type, and the graph
 loop's op count per step as the cost account reports it."""
 
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -180,3 +182,25 @@ def test_graph_loop_ops_per_step_as_the_cost_account_counts_them():
         # The policy's ops move into the env thread; the round trip, the
         # timer and the actor's batching and routing are gone.
         assert own["total"] < threaded["total"], (own, threaded)
+
+
+def test_the_cost_account_runs_each_side_and_records_the_host(tmp_path):
+    out = tmp_path / "cost.json"
+    script = os.path.join(os.path.dirname(driver_cost.__file__), "driver_cost.py")
+    done = subprocess.run(
+        [sys.executable, script, "--paths", "graph", "--rows", "2", "--layouts", "1x2",
+         "--rounds", "1", "--seconds", "0.5", "--unroll_length", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["host"]["cores"] >= 1 and "kernels" in record["host"]
+    sides = record["table"]["graph"]
+    assert list(sides) == ["lockstep", "environment alone", "alf_async 1x2, 1 actor",
+                           "alf_async 1x2, acting itself"]
+    for side in sides.values():
+        assert side["rate"] > 0 and side["cpu_us"] > 0 and len(side["rounds"]) == 1
+    # Acting itself, the env thread's graph runs the policy and no round
+    # trip: fewer ops per step than the env thread and the actor together.
+    assert sides["alf_async 1x2, acting itself"]["tf_ops"] < sides["alf_async 1x2, 1 actor"][
+        "tf_ops"]
+    assert sides["environment alone"]["tf_ops"] == 0
