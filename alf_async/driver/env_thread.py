@@ -43,8 +43,15 @@ turns it into a `tf.errors.OpError`; the thread then raises the original
 TFEnvironments are stepped in the graph with `env.step`; their errors are TF
 errors already.
 
+An env thread that acts itself (`num_actor_queues=0`, no actor thread)
+runs `policy.action` where the round trip was: inside its graph loop, or
+from its Python loops through one traced concrete function (`own_action`).
+In the graph loop that removes the request, the reply, their hand-offs and
+the wait's timer; from Python, a concrete function's call costs more than
+the round trip (benchmarks/driver_cost.py), so there an actor is cheaper.
+
 Threads: `__init__` (the driver's constructing thread) traces the graph
-loop; `run()` is this thread; everything blocks inside the graph call
+loop (and `own_action` if the driver gave none); `run()` is this thread; everything blocks inside the graph call
 (actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
 environment's own step). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
