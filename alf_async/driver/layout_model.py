@@ -125,7 +125,9 @@ def _stepping(profile_, layout):
     if layout.num_actor_queues:
         request = REQUEST_SECS
     else:
-        request = OWN_PYTHON_REQUEST_SECS if profile_.rows_stepped else OWN_GRAPH_REQUEST_SECS
+        # Rows stepped one by one (also every child process's) act from Python.
+        python_loop = profile_.rows_stepped or layout.processes
+        request = OWN_PYTHON_REQUEST_SECS if python_loop else OWN_GRAPH_REQUEST_SECS
     if layout.processes:
         python = PROCESS_STEP_SECS + ROW_SECS + request / B     # GIL, per step
         elsewhere = profile_.step_cpu_secs                          # in the children
