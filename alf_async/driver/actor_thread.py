@@ -41,7 +41,7 @@ import threading
 
 import tensorflow as tf
 
-from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS
+from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS, flat_policy_step
 
 
 class ActorThread(threading.Thread):
@@ -135,9 +135,7 @@ class ActorThread(threading.Thread):
         with tf.control_dependencies([start]):
             step = self._policy.action(time_step, state)
         step_spec = self._return_queues[0].element_spec  # [B, ...]
-        tf.nest.assert_same_structure(step_spec, step)
-        flat_step = [tf.cast(t, s.dtype)
-                     for t, s in zip(tf.nest.flatten(step), tf.nest.flatten(step_spec))]
+        flat_step = flat_policy_step(step, step_spec)
         if self._partial:  # back to [n * B] rows; rows that did not ask get zeros
             num_rows = tf.shape(requests[-1], out_type=tf.int64)[0] * self._B
             flat_step = [tf.scatter_nd(asking, t, tf.concat([[num_rows], tf.shape(

@@ -51,7 +51,7 @@ the wait's timer; from Python, a concrete function's call costs more than
 the round trip (benchmarks/driver_cost.py), so there an actor is cheaper.
 
 Threads: `__init__` (the driver's constructing thread) traces the graph
-loop (and `own_action` if the driver gave none); `run()` is this thread; everything blocks inside the graph call
+loop; `run()` is this thread; everything blocks inside the graph call
 (actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
 environment's own step). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
@@ -101,6 +101,15 @@ def uses_python_env(tf_env):
     return capabilities.python_env(tf_env) is not None and getattr(tf_env, "_pool", None) is None
 
 
+def flat_policy_step(step, spec):
+    """`step`'s fields, flat, each cast to `spec`'s dtype (the dtypes the
+    queues and the trajectories carry), its structure checked against
+    `spec` (at trace time). The actor's forward pass and an env thread
+    acting itself both give their policy steps this way."""
+    tf.nest.assert_same_structure(spec, step)
+    return [tf.cast(t, s.dtype) for t, s in zip(tf.nest.flatten(step), tf.nest.flatten(spec))]
+
+
 def own_action(policy, queues):
     """The concrete function an env thread that acts itself calls from its
     Python loops: (flat time step [n, ...], flat policy state [n, ...]) ->
@@ -111,8 +120,7 @@ def own_action(policy, queues):
         step = policy.action(
             tf.nest.pack_sequence_as(policy.time_step_spec, flat_time_step),
             tf.nest.pack_sequence_as(policy.policy_state_spec, flat_state))
-        return [tf.cast(t, s.dtype) for t, s in
-                zip(tf.nest.flatten(step), tf.nest.flatten(queues.policy_step_spec))]
+        return flat_policy_step(step, queues.policy_step_spec)
 
     def signature(spec):
         return [tf.TensorSpec([None] + s.shape.as_list(), s.dtype) for s in tf.nest.flatten(spec)]
@@ -155,11 +163,14 @@ class EnvThread(threading.Thread):
                 other: the token would only add two queue ops per step).
             policy: the TFPolicy to act with in this thread (with no actor
                 queue).
-            own_action_fn: `own_action(policy, queues)`, for the Python
-                loops of a thread that acts itself (traced once per driver).
+            own_action_fn: `own_action(policy, queues)`, which the Python
+                loops of a thread that acts itself call (traced once per
+                driver; needed with `policy` where `steps_in_graph(env)` is
+                False).
 
         Raises:
-            ValueError: neither or both of an actor queue and a policy.
+            ValueError: neither or both of an actor queue and a policy, or a
+                policy with no `own_action_fn` for a Python loop.
         """
         super().__init__(name=name, daemon=True)
         if (actor_queue is None) == (policy is None):
@@ -208,8 +219,9 @@ class EnvThread(threading.Thread):
                  for s in tf.nest.flatten(self._batched_time_step_spec)],
                 [tf.TensorSpec(s.shape, s.dtype)
                  for s in tf.nest.flatten(self._batched_state_spec)])
-        elif policy is not None and self._own_action is None:
-            self._own_action = own_action(policy, queues)
+        elif policy is not None and own_action_fn is None:
+            raise ValueError(f"{name}: an env thread that acts itself outside its graph loop "
+                             f"needs own_action_fn (own_action(policy, queues))")
 
     @staticmethod
     def steps_in_graph(env):
@@ -285,23 +297,23 @@ class EnvThread(threading.Thread):
 
     def _ask(self, request, reply, step_dtypes, flat_time_step, flat_state, env_ids,
              rows=None):
-        """The flat policy step of the B rows (Python loops) from the actor
-        (one request, one reply; the rows not asking carry env id -1 and get
-        zeros); or, for a thread that acts itself, from `own_action` for
-        `rows` only, in their order (None: all B). Counts the wait."""
-        start = time.perf_counter()
+        """The flat policy step of `rows`, in their order (None: all B rows;
+        Python loops). From the actor: one request of the B rows (those not
+        asking carry env id -1) and one reply, the wait for it counted. A
+        thread that acts itself calls `own_action` for those rows only and,
+        as in its graph loop, counts no wait: the forward pass is its own work.
+        """
         if request is None:
             if rows is not None:
                 flat_time_step = [f[rows] for f in flat_time_step]
                 flat_state = [f[rows] for f in flat_state]
-            flat_step = [t.numpy() for t in self._own_action(flat_time_step, flat_state)]
-        else:
-            tf.raw_ops.QueueEnqueueV2(handle=request,
-                                      components=flat_time_step + flat_state + [env_ids])
-            flat_step = [t.numpy() for t in tf.raw_ops.QueueDequeueV2(
-                handle=reply, component_types=step_dtypes)]
+            return [t.numpy() for t in self._own_action(flat_time_step, flat_state)]
+        tf.raw_ops.QueueEnqueueV2(handle=request,
+                                  components=flat_time_step + flat_state + [env_ids])
+        start = time.perf_counter()
+        flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
         self._py_wait += time.perf_counter() - start
-        return flat_step
+        return [t.numpy() if rows is None else t.numpy()[rows] for t in flat_step]
 
     def _rows_loop(self, envs):
         """Steps each row on its own worker thread (or with the rows' own
@@ -385,8 +397,6 @@ class EnvThread(threading.Thread):
                 asking[rows] = env_ids[rows]
                 flat_step = self._ask(request, reply, step_dtypes, recorder.current, state,
                                       asking, rows)
-                if request is not None:
-                    flat_step = [t[rows] for t in flat_step]
                 recorder.acting_with(rows, flat_step)
                 for field, value in zip(state, flat_step[num_action:num_action + num_state]):
                     field[rows] = value
@@ -487,14 +497,11 @@ class EnvThread(threading.Thread):
         spec's dtypes and (at trace time, no op) its static shapes.
         """
         if self._policy is not None:
-            step = self._policy.action(time_step, policy_state)
-            flat_step = []
-            for t, s in zip(tf.nest.flatten(step),
-                            tf.nest.flatten(self._batched_policy_step_spec)):
-                t = tf.cast(t, s.dtype)
+            spec = self._batched_policy_step_spec
+            flat_step = flat_policy_step(self._policy.action(time_step, policy_state), spec)
+            for t, s in zip(flat_step, tf.nest.flatten(spec)):
                 t.set_shape(s.shape)
-                flat_step.append(t)
-            return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step), None
+            return tf.nest.pack_sequence_as(spec, flat_step), None
         # Explicit control dependencies: automatic ones order ops per resource
         # only, and these touch different queues.
         flat_request = tf.nest.flatten((time_step, policy_state, env_ids))
