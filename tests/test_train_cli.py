@@ -4,6 +4,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -73,6 +75,45 @@ def test_signal_stops_writes_a_checkpoint_and_exits_0(tmp_path, sig):
     assert elapsed < 10
     assert "stopped (stop_event)" in output
     assert tf.train.latest_checkpoint(str(tmp_path / "train")) is not None
+
+
+def test_signals_while_a_finished_run_exits_change_nothing(tmp_path):
+    # The run ends by itself (smoke.gin's 40 iterations); from its last line
+    # on, SIGINT every 0.1 s until the process has exited: TensorFlow's
+    # teardown takes a while, and a signal in it once ended the run with
+    # the signal's own status (-2) where it had finished cleanly.
+    proc = subprocess.Popen(
+        _console_script() + ["--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[alf_async] stopped ("):
+                break
+        assert lines and lines[-1].startswith("[alf_async] stopped (num_iterations)"), lines
+        rest = []
+        reader = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+        reader.start()
+        sent, deadline = 0, time.monotonic() + 60
+        time.sleep(0.05)
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGINT)
+            sent += 1
+            time.sleep(0.1)
+        proc.wait(timeout=10)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert sent >= 1
+    assert proc.returncode == 0, (sent, "".join(lines[-3:] + rest)[-3000:])
+    assert "".join(rest).strip() == ""     # no "stopping", no traceback
+    # The checkpoint the run wrote at its end is the latest.
+    latest = tf.train.latest_checkpoint(str(tmp_path / "train"))
+    step = lines[-1].split("train step ")[1].split(",")[0]
+    assert latest is not None and latest.endswith(f"ckpt-{step}"), (latest, lines[-1])
 
 
 def test_crash_exits_nonzero_with_the_original_error(tmp_path):

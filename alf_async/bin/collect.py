@@ -90,8 +90,8 @@ def main(argv=None):
     except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
         return _error(one_line(e), EXIT_CONFIG_ERROR)
     print(kernel_choice.line("[alf_async collector]"), flush=True)
-    stop_event = threading.Event()
-    with stop_on_signals(stop_event):
+    stop_event, ended = threading.Event(), threading.Event()
+    with stop_on_signals(stop_event, ended):
         try:
             built = collector.collect(args.replay_address, stop_event,
                                       print_fn=lambda line: print(line, flush=True))
@@ -105,6 +105,7 @@ def main(argv=None):
             stopped_by = built.run()
         except collector.UnreachableError as e:  # the learner went away
             return _error(str(e), EXIT_UNREACHABLE)
+        ended.set()   # signals from here to the exit are ignored (stop_on_signals)
     print(f"[alf_async collector] stopped ({stopped_by}) after {built.learner.env_steps} env "
           f"steps, {built.pull_hook.pulls} variable pulls (learner train step "
           f"{int(built.train_step.numpy())})", flush=True)

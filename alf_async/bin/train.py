@@ -27,8 +27,11 @@ job without clients does), stops the driver, writes a checkpoint and
 exits 0; a second signal interrupts at once (no checkpoint at exit, exit
 130), except that a checkpoint being written gets `WRITE_GRACE_SECS` to
 finish, and what it wrote is removed if it does not (the previous
-checkpoint stays the latest). Ctrl-C before that (imports, gin parsing)
-prints one line and exits 130. An error in any thread exits non-zero with
+checkpoint stays the latest). Once train() has returned (the run stopped
+by itself or on a signal, and its checkpoint is written), signals are
+ignored until the process has exited: a run that ends by itself exits 0
+with its checkpoint, Ctrl-C or not. Ctrl-C before training (imports, gin
+parsing) prints one line and exits 130. An error in any thread exits non-zero with
 the original error after every thread was stopped.
 
 With `train.num_collectors > 0` (gin_configs/*_distributed.gin) the run is
@@ -240,8 +243,15 @@ def interrupt_after_start_up():
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop_event, signals=(signal.SIGINT, signal.SIGTERM)):
-    """Sets `stop_event` on the first of `signals`; a second one raises KeyboardInterrupt.
+def stop_on_signals(stop_event, ended, signals=(signal.SIGINT, signal.SIGTERM)):
+    """Sets `stop_event` on the first of `signals`; a second one raises
+    KeyboardInterrupt. Once `ended` is set (train() returned: its outcome and
+    checkpoint are decided) they are ignored, up to the process's exit.
+
+    Ignored, not restored: TensorFlow's teardown at exit takes seconds, and
+    at exit Python puts back the default action of a signal it handles, so a
+    Ctrl-C then ended a finished run with the signal's own status (-2)
+    instead of 0. An ignored signal stays ignored through the exit.
 
     Handlers can only be installed from the main thread; elsewhere this does nothing.
     """
@@ -251,6 +261,8 @@ def stop_on_signals(stop_event, signals=(signal.SIGINT, signal.SIGTERM)):
 
     def handler(signum, frame):
         del frame
+        if ended.is_set():
+            return
         if stop_event.is_set():
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
         print(f"[alf_async] {signal.Signals(signum).name}: stopping, then writing a "
@@ -262,7 +274,7 @@ def stop_on_signals(stop_event, signals=(signal.SIGINT, signal.SIGTERM)):
         yield
     finally:
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if ended.is_set() else h)
 
 
 def _error(message):
@@ -330,18 +342,19 @@ def _run(args, training):
             parse_gin(args.gin_file, args.gin_param)
         except ConfigError as e:
             return _error(e)
-    stop_event = threading.Event()
-    with stop_on_signals(stop_event):
+    stop_event, ended = threading.Event(), threading.Event()
+    with stop_on_signals(stop_event, ended):
         training.set()
         try:
-            _train_off_main_thread(trainer, args.root_dir, stop_event)
+            _train_off_main_thread(trainer, args.root_dir, stop_event, ended)
         except trainer.ConfigError as e:
             return _error(trainer.one_line(e))
     return 0
 
 
-def _train_off_main_thread(trainer, root_dir, stop_event):
-    """Runs `trainer.train()` on a daemon thread; raises its error again here.
+def _train_off_main_thread(trainer, root_dir, stop_event, ended):
+    """Runs `trainer.train()` on a daemon thread, sets `ended` once it
+    returned or raised; raises its error again here.
 
     Python runs signal handlers only on the main thread, and only between
     bytecodes: a learner blocked in TensorFlow waiting for experience (a
@@ -357,6 +370,8 @@ def _train_off_main_thread(trainer, root_dir, stop_event):
             trainer.train(root_dir=root_dir, stop_event=stop_event)
         except BaseException as e:  # pylint: disable=broad-except  (raised again below)
             outcome.append(e)
+        finally:
+            ended.set()
 
     thread = threading.Thread(target=target, name="trainer", daemon=True)
     thread.start()
