@@ -15,6 +15,7 @@ that row exactly; every count follows from what the log thread saw.
 import collections
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -119,10 +120,11 @@ def test_slots_per_env_makes_one_environment_whose_rows_are_slots():
     assert one.batch_size == 1 and row_envs(one) is None   # today's layout, unchanged
     assert three.batch_size == 3 and len(row_envs(three)) == 3
     # The env thread steps slots itself (no worker thread per slot).
-    assert type(row_stepper("env0", row_envs(three), None)).__name__ == "SlotStepper"
+    no_recorder = types.SimpleNamespace(record=None)
+    assert type(row_stepper("env0", row_envs(three), no_recorder)).__name__ == "SlotStepper"
     other = IdleEnv().env_constructor(slots_per_env=1)()
     mixed = row_envs(three)[:2] + [other.pyenv]   # not all slots of one ExternalEnv
-    assert type(row_stepper("env0", mixed, None)).__name__ == "RowWorkers"
+    assert type(row_stepper("env0", mixed, no_recorder)).__name__ == "RowWorkers"
     other.close()
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match=r"^slots_per_env must be an integer >= 1, got "):

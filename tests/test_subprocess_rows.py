@@ -8,6 +8,7 @@ import functools
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def alive(pid):
 def test_subprocess_rows_are_stepped_without_worker_threads():
     tf_env = subprocess_env_constructor(CountingEnv, num_envs=2)()
     try:
-        stepper = row_stepper("env0", row_envs(tf_env), None)
+        stepper = row_stepper("env0", row_envs(tf_env), types.SimpleNamespace(record=None))
         assert type(stepper).__name__ == "SubprocessRows"
         stepper.close()
     finally:

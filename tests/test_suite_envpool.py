@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import types
 import zlib
 
 import gin
@@ -159,14 +160,18 @@ def test_rows_stepped_asynchronously_are_the_lockstep_streams():
         for t in range(n):
             lockstep.append(lockstep_env.step(actions[t]))
         streams = {r: [] for r in range(B)}
-        stepper = rows_env.make_row_stepper(
-            lambda r, time_step, applied: streams[r].append(time_step))
+        def on_rows(rows, time_step):
+            for j, r in enumerate(rows):
+                streams[int(r)].append(tf.nest.map_structure(lambda f: f[j], time_step))
+
+        stepper = rows_env.make_row_stepper(on_rows)
         stepper.start()
         while min(len(s) for s in streams.values()) < n + 1:
-            for r, failed in stepper.recv(1.0):
-                assert failed is None
-                # Every row received is sent again, as the env thread does.
-                stepper.send(r, actions[min(len(streams[r]), n) - 1, r])
+            received = stepper.recv(1.0)
+            assert all(failed is None for _, failed in received)
+            # Every row received is sent again, as the env thread does.
+            rows = [r for r, _ in received]
+            stepper.send(rows, np.array([actions[min(len(streams[r]), n) - 1, r] for r in rows]))
         assert rows_env.mode == "rows"
         stepper.close()
         for r in range(B):
@@ -390,15 +395,17 @@ def test_a_row_that_is_not_ready_holds_up_no_other():
         env = suite_envpool.make_env("Breakout-v5", 4, seed=2, recv_batch_size=k)
         try:
             counts = np.zeros(4, int)
-            stepper = row_stepper("env0", env, lambda r, time_step, applied: None)
+            ignore = types.SimpleNamespace(record_rows=lambda rows, time_step: None)
+            stepper = row_stepper("env0", env, ignore)
             assert type(stepper).__name__ == "EnvPoolRows"
             stepper.start()
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                for r, _ in stepper.recv(1.0):
-                    counts[r] += 1
-                    if r != 0:
-                        stepper.send(r, np.int64(1))
+                rows = [r for r, _ in stepper.recv(1.0)]
+                counts[rows] += 1
+                again = [r for r in rows if r != 0]
+                if again:
+                    stepper.send(again, np.ones(len(again), np.int64))
                 if all(counts[1:] >= 10):
                     break
             assert counts[0] == 1   # its reset only

@@ -42,7 +42,7 @@ from alf_async.driver import metrics as metrics_lib
 from alf_async.driver.actor_thread import ActorThread
 from alf_async.driver.env_rows import row_envs
 from alf_async.driver.env_thread import (QUEUE_CLOSED_ERRORS, EnvThread, blocks, own_action,
-                                         uses_python_env)
+                                         takes_step_token, uses_python_env)
 from alf_async.driver.log_thread import LogThread
 from alf_async.driver.queues import TFQueues, check_queue_config
 
@@ -147,8 +147,9 @@ class AsyncOffPolicyDriver(object):
         ]
         initial_state = tf.nest.map_structure(
             lambda t: t.numpy(), self._policy.get_initial_state(B))
-        # The step token only where two graph-mode Python steps could contend.
-        graph_python = [not blocks(e) and uses_python_env(e) for e in self._envs]
+        # The step token only where two graph-mode Python steps holding the
+        # GIL could contend.
+        graph_python = [takes_step_token(e) for e in self._envs]
         token = q.step_token if sum(graph_python) > 1 else None
         if num_actor_queues:
             actors = [dict(actor_queue=q.actor_queues[i % num_actor_queues],
@@ -356,8 +357,12 @@ def _warn_if_few_inter_op_threads(envs, num_actor_queues):
     Those env threads take turns (the step token: one Python step at a
     time), so together they hold one thread; other graph-mode environments
     (a TFPyEnvironment with isolation=True, a TF-native one) may hold one
-    each; environments declaring `blocking_step` step off the pool. More
-    threads than these steps and the actor threads change nothing
+    each. Python steps that release the GIL take no token and may hold one
+    each too, but count as one here: they end by themselves within a step
+    of the pool, and a third inter-op thread did not help ppo_pong.gin's two
+    EnvPool pools and actor (498 and 515 env steps/s against 609 and 504
+    with two, alternating runs). Environments declaring `blocking_step`
+    step off the pool. More threads than these steps and the actor threads change nothing
     (measured: a 10 ms in-process step on 2 env threads ran at ~90 steps/s
     with 2, 6 or 8 inter-op threads; docs/performance.md found no gain for
     ppo_pong.gin either), so the hint shows only where the pool is smaller,

@@ -73,15 +73,18 @@ def row_envs(tf_env):
     return None
 
 
-def row_stepper(name, envs, on_step):
+def row_stepper(name, envs, recorder):
     """What steps `envs` (what `row_envs` returned) row by row for an env
-    thread: a RowStepping batch's own stepper (`envs.make_row_stepper(on_step)`),
-    the rows' own stepper if their environments offer one
-    (`envs[0].row_stepper(envs, on_step)` returning an object with
-    RowWorkers' interface; ExternalEnv slots do, slot_stepper.py, and
-    SubprocessEnvs, subprocess_rows.py), else `RowWorkers(name, envs, on_step)`."""
+    thread, recording each row's steps with `recorder` (a RowRecorder): a
+    RowStepping batch's own stepper (`envs.make_row_stepper(
+    recorder.record_rows)`), the rows' own stepper if their environments
+    offer one (`envs[0].row_stepper(envs, recorder.record)` returning an
+    object with RowWorkers' interface; ExternalEnv slots do,
+    slot_stepper.py, and SubprocessEnvs, subprocess_rows.py), else
+    `RowWorkers(name, envs, recorder.record)`."""
     if isinstance(envs, capabilities.RowStepping):
-        return envs.make_row_stepper(on_step)
+        return envs.make_row_stepper(recorder.record_rows)
+    on_step = recorder.record
     offer = getattr(envs[0], "row_stepper", None)
     stepper = offer(envs, on_step) if callable(offer) else None
     return stepper if stepper is not None else RowWorkers(name, envs, on_step)
@@ -116,9 +119,12 @@ class RowWorkers(object):
             self._inboxes[r].put(_RESET)
             t.start()
 
-    def send(self, row, action):
-        """Has row `row` step with `action` (a nest for one unbatched environment)."""
-        self._inboxes[row].put(action)
+    def send(self, rows, actions):
+        """Has each row of `rows` step with its action: row `rows[j]` with
+        `capabilities.row_action(actions, j)` (`actions`: the action nest,
+        batched over `rows`)."""
+        for j, row in enumerate(rows):
+            self._inboxes[row].put(capabilities.row_action(actions, j))
 
     def recv(self, timeout):
         """Blocks up to `timeout` seconds for a result; returns every result waiting.
@@ -187,10 +193,11 @@ class RowRecorder(object):
     """Per-row unroll buffers for `EnvThread._rows_loop`.
 
     Threads: `record(r, ...)` is called by row r's worker right after its
-    step; `acting_with` and `take_complete` by the env thread. They never
-    touch a row at the same time: a worker records only between receiving
-    its action (after `acting_with`) and reporting ready, and the env thread
-    reads a row only after it reported ready. `complete` is a deque that
+    step (or by the env thread, in a stepper's `recv`), `record_rows` in a
+    RowStepping batch's `recv`; `acting_with` and `take_complete` by the
+    env thread. They never touch a row at the same time: a worker records
+    only between receiving its action (after `acting_with`) and reporting
+    ready, and the env thread reads a row only after it reported ready. `complete` is a deque that
     workers append to and the env thread pops from (both thread-safe).
     """
 
@@ -206,8 +213,8 @@ class RowRecorder(object):
         self.acting = zeros(policy_step_spec, [B])
         self._buffers = zeros(unroll_spec, [B])  # [B, T, ...]
         self._trainable = np.ones([B, T], bool)  # AppliedStep rows' flags
-        self._filled = [0] * B
-        self._started = [False] * B  # acting with a policy step yet
+        self._filled = np.zeros(B, np.int64)
+        self._started = np.zeros(B, bool)  # acting with a policy step yet
         # Complete unrolls, in order: (flat trajectory [T, ...], trainable [T], row).
         self.complete = collections.deque()
         # Where each trajectory field comes from: a leaf of the current time
@@ -251,12 +258,31 @@ class RowRecorder(object):
         for field, value in zip(self.current, flat_next):
             field[r] = value
 
+    def record_rows(self, rows, time_step):
+        """`record` for several rows at once, none of them AppliedStep rows:
+        rows `rows` (int [n], each once) stepped to `time_step` (batched
+        over them). Each field is written with one indexed assignment, not
+        one per row (a RowStepping batch's receive: EnvPool's)."""
+        rows = np.asarray(rows)
+        flat_next = tf.nest.flatten(time_step)
+        started = self._started[rows]
+        if started.any():
+            going, t = rows[started], self._filled[rows[started]]
+            for buffer, array, i in self._plan:
+                buffer[going, t] = flat_next[i][started] if array is None else array[going]
+            done = t + 1 == self._T
+            for r in going[done]:
+                self.complete.append(([b[r].copy() for b in self._buffers],
+                                      self._trainable[r].copy(), int(r)))
+            self._filled[going] = np.where(done, 0, t + 1)
+        for field, value in zip(self.current, flat_next):
+            field[rows] = value
+
     def acting_with(self, rows, flat_step):
         """`rows` will step with the policy steps `flat_step` (the env thread)."""
         for field, value in zip(self.acting, flat_step):
             field[rows] = value
-        for r in rows:
-            self._started[r] = True
+        self._started[rows] = True
 
     def take_complete(self, env_ids):
         """The complete unrolls so far, stacked, oldest first.

@@ -101,6 +101,15 @@ def uses_python_env(tf_env):
     return capabilities.python_env(tf_env) is not None and getattr(tf_env, "_pool", None) is None
 
 
+def takes_step_token(tf_env):
+    """True when an env thread steps `tf_env` in its graph loop from Python
+    with the GIL held, and so takes turns with the others that do (the step
+    token): not an environment whose step releases the GIL
+    (`capabilities.steps_release_gil`: EnvPool's lockstep pool)."""
+    return (not blocks(tf_env) and uses_python_env(tf_env)
+            and not capabilities.steps_release_gil(tf_env.pyenv))
+
+
 def flat_policy_step(step, spec):
     """`step`'s fields, flat, each cast to `spec`'s dtype (the dtypes the
     queues and the trajectories carry), its structure checked against
@@ -370,7 +379,7 @@ class EnvThread(threading.Thread):
             self._py_steps += T * len(rows)
 
         state = [np.array(t) for t in tf.nest.flatten(self._initial_policy_state)]
-        workers = row_stepper(self.name, envs, recorder.record)
+        workers = row_stepper(self.name, envs, recorder)
         self._row_workers = workers
         workers.start()
         failed = True
@@ -400,10 +409,8 @@ class EnvThread(threading.Thread):
                 recorder.acting_with(rows, flat_step)
                 for field, value in zip(state, flat_step[num_action:num_action + num_state]):
                     field[rows] = value
-                for j, r in enumerate(rows):
-                    action = [f[j] for f in flat_step[:num_action]]
-                    workers.send(r, action[0] if num_action == 1 else
-                                 tf.nest.pack_sequence_as(action_spec, action))
+                workers.send(rows, flat_step[0] if num_action == 1 else
+                             tf.nest.pack_sequence_as(action_spec, flat_step[:num_action]))
         finally:
             # Leaving with an error of its own (a row's, EndOfData) while the
             # driver runs: do not wait for rows blocked in a step (a hung

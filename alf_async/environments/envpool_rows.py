@@ -9,8 +9,9 @@ actions and returns at once, its C++ threads step them without the GIL, and
 done, whichever they are. So the env thread needs no worker thread: `send`
 queues a row's action (all the rows an actor reply answered go to EnvPool in
 one `send`, made by the next `recv`), and `recv` receives the rows that are
-done and records each one's time step (`on_step`), as SubprocessRows does for
-child processes' pipes.
+done and records their time steps (`on_rows`, one indexed write per field
+for the k rows), as SubprocessRows does row by row for child processes'
+pipes.
 
 How many rows one receive returns (`recv_batch_size`, k; fixed when the pool
 is made, which needs k < batch_size for an asynchronous pool, or k =
@@ -71,26 +72,25 @@ class EnvPoolRows(object):
     """RowWorkers' interface (the driver's env_rows.py) over one EnvPool pool
     in asynchronous mode, with no threads."""
 
-    def __init__(self, env, on_step):
+    def __init__(self, env, on_rows):
         """
         Args:
             env: the `suite_envpool.EnvPoolEnv` whose rows to step.
-            on_step: callable(row, time_step, applied), called in `recv` for
-                each row whose reset or step came, with an unbatched tf-agents
-                TimeStep and `applied` None (EnvPool applies the action it is
-                given).
+            on_rows: callable(rows, time_step), called in `recv` with the
+                rows of each receive (int32 [k]) and their tf-agents TimeStep,
+                batched over them (EnvPool applies the action it is given).
         """
         self._env = env
-        self._on_step = on_step
+        self._on_rows = on_rows
         self._k = env.recv_batch_size
         self._in_flight = 0
-        self._rows = []       # rows sent for since the last recv, and their actions
+        self._rows = []       # arrays of rows sent for since the last recv, and their actions
         self._actions = []
 
     @property
     def in_flight(self):
         """Rows sent to the pool (or being reset) whose time step has not come."""
-        return self._in_flight + len(self._rows)
+        return self._in_flight + sum(len(r) for r in self._rows)
 
     def start(self):
         """Resets every row (in an asynchronous pool, made now if need be); each
@@ -98,11 +98,12 @@ class EnvPoolRows(object):
         self._env.reset_rows()
         self._in_flight = self._env.batch_size
 
-    def send(self, row, action):
-        """Row `row` steps with `action` (unbatched); sent to the pool, with the
-        other rows' actions sent since, by the next `recv`."""
-        self._rows.append(row)
-        self._actions.append(action)
+    def send(self, rows, actions):
+        """Rows `rows` step with `actions` (an array batched over them); sent
+        to the pool, with the other rows' actions sent since, by the next
+        `recv`."""
+        self._rows.append(np.asarray(rows, np.int32))
+        self._actions.append(np.asarray(actions))
 
     def recv(self, timeout):
         """Sends the actions queued by `send`, then receives the next k rows
@@ -114,21 +115,19 @@ class EnvPoolRows(object):
                 flight (after sleeping `timeout` seconds).
         """
         if self._rows:
-            rows = np.asarray(self._rows, np.int32)
-            actions = np.stack([np.asarray(a) for a in self._actions])
+            rows, actions = self._rows, self._actions
+            if len(rows) > 1:
+                rows, actions = [np.concatenate(rows)], [np.concatenate(actions)]
             self._rows, self._actions = [], []
-            self._env.send_rows(rows, actions)
-            self._in_flight += len(rows)
+            self._env.send_rows(rows[0], actions[0])
+            self._in_flight += len(rows[0])
         if self._in_flight < self._k:
             time.sleep(timeout)   # nothing (or too little) in flight to wait for
             return []
         rows, (step_type, reward, discount, observation) = self._env.recv_rows()
         self._in_flight -= len(rows)
-        rows = rows.tolist()
-        for j, row in enumerate(rows):
-            self._on_step(row, ts.TimeStep(step_type[j], reward[j], discount[j],
-                                           observation[j]), None)
-        return [(row, None) for row in rows]
+        self._on_rows(rows, ts.TimeStep(step_type, reward, discount, observation))
+        return [(row, None) for row in rows.tolist()]
 
     def close(self, wait=True):
         """Forgets the actions not sent yet; the rows in flight end with the

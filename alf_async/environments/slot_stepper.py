@@ -17,7 +17,7 @@ blocks at most `timeout` seconds (in the EpisodeTable's condition, which
 clients' calls and stop() notify); nothing else blocks.
 """
 
-from alf_async.environments.capabilities import RowFailed
+from alf_async.environments.capabilities import RowFailed, row_action
 
 
 class SlotStepper(object):
@@ -46,12 +46,13 @@ class SlotStepper(object):
             self._table.slot_begin(slot)
         self._pending = list(self._slots)
 
-    def send(self, row, action):
-        """Answers row `row`'s client with `action` (unbatched); its next step
-        comes from a later `recv`."""
-        slot = self._slots[row]
-        self._table.slot_act(slot, action)
-        self._pending.append(slot)
+    def send(self, rows, actions):
+        """Answers each row's client of `rows` with its action (`actions`
+        batched over `rows`); their next steps come from a later `recv`."""
+        for j, row in enumerate(rows):
+            slot = self._slots[row]
+            self._table.slot_act(slot, row_action(actions, j))
+            self._pending.append(slot)
 
     def recv(self, timeout):
         """Waits up to `timeout` seconds for one of the rows sent for (or

@@ -26,10 +26,11 @@ pipes closed): a row whose environment was closed is received once `recv`'s
 wait ends, and reports the SubprocessEnvClosedError that raises.
 """
 
+import functools
 import select
 import time
 
-from alf_async.environments.capabilities import RowFailed
+from alf_async.environments.capabilities import RowFailed, row_action
 
 CHECK_SECS = 0.1  # how often recv looks for hung or closed rows while others answer
 
@@ -61,9 +62,12 @@ class SubprocessRows(object):
         for row, env in enumerate(self._envs):
             self._issue(row, env.reset_async)
 
-    def send(self, row, action):
-        """Sends row `row` its `action` (unbatched); its time step comes from a later `recv`."""
-        self._issue(row, lambda: self._envs[row].step_async(action))
+    def send(self, rows, actions):
+        """Sends each row of `rows` its action (`actions` batched over
+        `rows`); their time steps come from a later `recv`."""
+        for j, row in enumerate(rows):
+            self._issue(row, functools.partial(self._envs[row].step_async,
+                                               row_action(actions, j)))
 
     def recv(self, timeout):
         """Waits up to `timeout` seconds for a reply; returns every row whose

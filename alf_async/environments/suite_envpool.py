@@ -264,7 +264,9 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
 
     Its steps wait, GIL released, on EnvPool's C++ threads for about one step
     of the environment: the driver steps it as it steps in-process games (in
-    the env thread's graph loop, on one of TF's inter-op threads).
+    the env thread's graph loop, on one of TF's inter-op threads), without
+    the step token (`step_releases_gil`, capabilities.py): two env threads'
+    pools step at once.
 
     Threads: one thread at a time steps it (the env thread that owns it, or
     whoever calls `step`); every pool call is made under a lock, so
@@ -274,6 +276,8 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
     C++ threads; a later call raises RuntimeError (the env thread of a
     stopping driver leaves quietly on it).
     """
+
+    step_releases_gil = True
 
     def __init__(self, env_name, batch_size, seed, settings, num_threads, recv_batch_size,
                  observation_spec, action_spec, channels_last, atari):
@@ -451,10 +455,10 @@ class EnvPoolEnv(LockstepEnvPoolEnv, capabilities.RowStepping):
 
     # ------------------------------------------------------------ row by row
 
-    def make_row_stepper(self, on_step):
+    def make_row_stepper(self, on_rows):
         """An `envpool_rows.EnvPoolRows` over this environment's rows (the env
         thread's; see capabilities.RowStepping)."""
-        return EnvPoolRows(self, on_step)
+        return EnvPoolRows(self, on_rows)
 
     def reset_rows(self):
         """Resets every row of an asynchronous pool; each comes back from
