@@ -15,6 +15,8 @@ comparison, for three environment layers:
   envpool     suite_envpool, EnvPool's C++ threads (no GIL):
               DynamicStepDriver over one pool of 16 in lockstep    <- baseline
               the driver, each env thread one pool in EnvPool's async mode
+              (--envpool_stepping rows, the default) or one lockstep pool
+              stepped in its graph loop (--envpool_stepping lockstep)
 
 Per layer, "environment alone" steps the same games with random actions and
 no TF in a plain Python loop (in-process and EnvPool: their own batch step;
@@ -31,7 +33,7 @@ process and its children) and the actors' mean batch in rows.
 
     python benchmarks/atari_throughput.py [--rounds 3] [--seconds 10]
         [--layers inprocess subprocess envpool] [--layouts 1x16 2x8 4x4 2x8:0]
-        [--inter_op_threads 0]
+        [--inter_op_threads 0] [--envpool_stepping rows]
 """
 
 import argparse
@@ -75,12 +77,15 @@ def lockstep_env(layer, seed):
     return suites.load(SUITES[layer], GAMES[layer], batch_size=NUM_ENVS, seed=seed)
 
 
-def env_constructor(layer, per_thread, seed, recv_batch_size=None):
+def env_constructor(layer, per_thread, seed, recv_batch_size=None, stepping="rows"):
     if layer == "subprocess":
         return suites.make_subprocess_env_constructor("suite_atari", GAMES[layer],
                                                       batch_size=per_thread, seed=seed)
-    kwargs = {} if layer != "envpool" or not recv_batch_size else dict(
-        recv_batch_size=min(recv_batch_size, per_thread))
+    kwargs = {}
+    if layer == "envpool":
+        kwargs["stepping"] = stepping
+        if recv_batch_size and stepping == "rows":
+            kwargs["recv_batch_size"] = min(recv_batch_size, per_thread)
     return suites.make_env_constructor(SUITES[layer], GAMES[layer], batch_size=per_thread,
                                        seed=seed, **kwargs)
 
@@ -93,10 +98,11 @@ def lockstep_round(policy, layer, seconds, seed):
         env.close()
 
 
-def async_round(policy, layer, layout, seconds, seed, recv_batch_size=None):
+def async_round(policy, layer, layout, seconds, seed, recv_batch_size=None, stepping="rows"):
     threads, per_thread, queues = layout
     return measure_driver(AsyncOffPolicyDriver(
-        env_constructor(layer, per_thread, seed, recv_batch_size), policy, num_envs=threads,
+        env_constructor(layer, per_thread, seed, recv_batch_size, stepping), policy,
+        num_envs=threads,
         num_actor_queues=queues, actor_queue_cap=threads, learn_queue_cap=threads,
         unroll_length=8), seconds)
 
@@ -160,6 +166,9 @@ def main():
     parser.add_argument("--envpool_recv_batch_size", type=int, default=0,
                         help="rows an env thread receives from its pool at once "
                              "(0: suite_envpool's default, half the pool)")
+    parser.add_argument("--envpool_stepping", default="rows", choices=["rows", "lockstep"],
+                        help="how the driver's env threads step their EnvPool pools "
+                             "(suite_envpool.stepping); the baseline is always lockstep")
     args = parser.parse_args()
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     layouts = [parse_layout(x) for x in args.layouts]
@@ -183,7 +192,7 @@ def main():
             for layout in layouts:
                 rows.setdefault((layer, layout), []).append(
                     async_round(policy, layer, layout, args.seconds, seed,
-                                args.envpool_recv_batch_size))
+                                args.envpool_recv_batch_size, args.envpool_stepping))
         print(f"round {r + 1} done ({time.monotonic() - started:.0f} s): " + ", ".join(
             f"{k[0]} {k[1] if not isinstance(k[1], tuple) else layout_name(k[1])[len('alf_async '):]} "
             f"{v[-1]['rate']:.0f}" for k, v in rows.items()), flush=True)

@@ -10,6 +10,10 @@ Python. Each path runs `--rows` environment rows:
     graph       graph loop, CountingEnvs in one batch       DynamicStepDriver, same batch
     rows        rows on worker threads (blocking_step)      DynamicStepDriver, same batch
     envpool     EnvPool CartPole, asynchronous pool (rows)  DynamicStepDriver, lockstep pool
+    envpool_lockstep                                        DynamicStepDriver, lockstep pool
+                EnvPool CartPole, a lockstep pool per env
+                thread, stepped in its graph loop with no
+                step token (the step frees the GIL)
     subprocess  rows in child processes (SubprocessEnv)     DynamicStepDriver, same children
     external    ExternalEnv slots, one client thread each   (none: its clients drive it)
 
@@ -34,7 +38,8 @@ Per env step, medians of the rounds:
   acquisitions the driver asks for, not the interpreter's periodic
   switches.
 
-    python benchmarks/driver_cost.py [--paths graph rows envpool subprocess external]
+    python benchmarks/driver_cost.py [--paths graph rows envpool envpool_lockstep
+        subprocess external]
         [--rows 16] [--layouts 1x16 2x8] [--rounds 3] [--seconds 3] [--json out.json]
 """
 
@@ -49,7 +54,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_info  # noqa: E402  (benchmarks/)
 
-PATHS = ("graph", "rows", "envpool", "subprocess", "external")
+PATHS = ("graph", "rows", "envpool", "envpool_lockstep", "subprocess", "external")
 
 
 # ------------------------------------------------------------------ counting
@@ -140,8 +145,8 @@ def count_env_steps(tf_env, counter):
     elif rows is not None:    # a RowStepping batch (EnvPool): its receives
         make = rows.make_row_stepper
 
-        def counted_stepper(on_step):
-            stepper = make(on_step)
+        def counted_stepper(on_rows):
+            stepper = make(on_rows)
             stepper.recv = counter.wrap("stepper_recv", stepper.recv)
             return stepper
         rows.make_row_stepper = counted_stepper
@@ -201,10 +206,11 @@ def constructors(path, episode_length=200):
             return CountingEnvConstructor(batch_size=b, episode_length=episode_length,
                                           env_cls=cls, **kwargs)()
         return make, make, lambda: cls(episode_length=episode_length, **kwargs)
-    if path == "envpool":
+    if path in ("envpool", "envpool_lockstep"):
         from alf_async.environments import suite_envpool   # pylint: disable=import-outside-toplevel
+        stepping = "rows" if path == "envpool" else "lockstep"
         return ((lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
-                                              stepping="rows")),
+                                              stepping=stepping)),
                 (lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
                                               stepping="lockstep")), None)
     if path == "subprocess":
@@ -452,7 +458,7 @@ def main():
     print(f"\nper env step, medians of {args.rounds} rounds; {host_info.describe(machine)}")
     print("own_us: cpu_us less the environment alone's; own/lockstep: its ratio to "
           "lockstep's own_us")
-    print(f"{'path':<11}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'own_us':>8}{'cs':>7}"
+    print(f"{'path':<17}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'own_us':>8}{'cs':>7}"
           f"{'tf_ops':>8}{'py_entries':>11}{'own/lockstep':>13}")
     for path, sides in table.items():
         alone = sides.get("environment alone")
@@ -463,7 +469,7 @@ def main():
             own = "-" if m["own_us"] is None else f"{m['own_us']:.1f}"
             ratio = (f"{m['own_us'] / base['own_us']:.2f}x"
                      if base and m["own_us"] is not None and base["own_us"] > 0 else "-")
-            print(f"{path:<11}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{own:>8}"
+            print(f"{path:<17}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{own:>8}"
                   f"{m['cs']:>7.2f}{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}")
     if args.json:
         with open(args.json, "w") as f:
