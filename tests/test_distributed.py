@@ -6,6 +6,7 @@ and the launcher's restart budget on their own; Ray collectors restarted
 when their actor is killed; bad settings exit 2; both distributed configs
 parse for both roles."""
 
+import functools
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ psutil = pytest.importorskip("psutil")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from alf_async.distributed import collector, launcher  # noqa: E402
+from alf_async.distributed import collector, launcher, learner_role  # noqa: E402
 from alf_async.distributed.learner_role import ReplayFeed  # noqa: E402
 from alf_async.driver import DriverStoppedError  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
@@ -61,13 +62,15 @@ def _clear_gin():
 class Learner(object):
     """The learner CLI as a process whose stdout is read line by line by a thread."""
 
-    def __init__(self, root_dir, *params):
+    def __init__(self, root_dir, *params, host=None):
+        """`host`: (TestHosts, name) to run it on a namespaced host."""
         args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
                 "--gin_file", DISTRIBUTED_GIN]
         for p in TINY + list(params):
             args += ["--gin_param", p]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=ENV, cwd=REPO, start_new_session=True)
+        popen = subprocess.Popen if host is None else functools.partial(host[0].popen, host[1])
+        self.process = popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=ENV, cwd=REPO, start_new_session=True)
         self.lines = []
         self.err = []
         self._threads = [threading.Thread(target=self._read, args=(s, l), daemon=True)
@@ -165,9 +168,13 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
         assert address.endswith(":" + address.rsplit(":", 1)[1])
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 60,
                          "training")
-        # A quiet start (issue 49): the address line alone before the first
-        # progress line, nothing on stderr (not Reverb's server log either).
-        assert lines_before_progress(list(learner.lines)) == [announced.string]
+        # A quiet start (issue 49): who can reach the port and the address
+        # (local collectors: localhost) alone before the first progress
+        # line, nothing on stderr (not Reverb's server log either).
+        port = int(announced.string.split(" connect to ")[1].split(" ")[0].rsplit(":", 1)[1])
+        assert announced.string.startswith(f"[alf_async] collectors connect to localhost:{port} ")
+        assert lines_before_progress(list(learner.lines)) == [
+            learner_role.exposure_line(port, remote=False), announced.string]
         assert learner.err == []
         pids = learner.collector_pids()
         assert len(pids) == 2

@@ -21,6 +21,7 @@ import tensorflow as tf
 reverb = pytest.importorskip("reverb")
 psutil = pytest.importorskip("psutil")
 
+from alf_async.distributed import learner_role  # noqa: E402
 from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, ReverbReplayer,  # noqa: E402
                                                    RowWriters, unroll_table)
 from cli_runs import lines_before_progress  # noqa: E402  (tests/ is on sys.path)
@@ -177,9 +178,13 @@ def test_ppo_learner_trains_from_collectors_reports_the_lag_survives_sigkill_and
             60, "address line")
         learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0 and
                          "| policy lag " in l, 60, "training")
-        # A quiet start (issue 49): the address line alone before the first
-        # progress line, nothing on stderr (not Reverb's server log either).
-        assert lines_before_progress(list(learner.lines)) == [announced.string]
+        # A quiet start (issue 49): who can reach the port and the address
+        # (local collectors: localhost) alone before the first progress
+        # line, nothing on stderr (not Reverb's server log either).
+        port = int(announced.string.split(" connect to ")[1].split(" ")[0].rsplit(":", 1)[1])
+        assert announced.string.startswith(f"[alf_async] collectors connect to localhost:{port} ")
+        assert lines_before_progress(list(learner.lines)) == [
+            learner_role.exposure_line(port, remote=False), announced.string]
         assert learner.err == []
         pids = learner.collector_pids()
         assert len(pids) == 2

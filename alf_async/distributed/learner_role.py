@@ -13,13 +13,16 @@ AsyncOffPolicyDriver stepping environments in this process:
   queue (the collectors' metric reports). It is checkpointed under
   `root_dir/replay` with the agent's checkpoints and restored from there on
   resume (items, rate limiter counts, variables). Reverb binds its port on
-  every interface (`[::]:PORT`), so collectors on other machines reach it
-  at `HOST:PORT` where HOST is this machine's name (`socket.gethostname()`,
-  or `LearnerServer.advertised_host` where that name does not resolve from
-  the collectors' machines); the port is `LearnerServer.port`, or a free
-  one (portpicker). `AddressAnnouncement` prints that address on one line,
-  `[alf_async] collectors connect to HOST:PORT`, and writes it (one line,
-  HOST:PORT) to `root_dir/replay_address`;
+  every interface (`[::]:PORT`) and authenticates no one; `AddressAnnouncement`
+  says so in one line at start (`exposure_line`). Collectors on other
+  machines reach it at `HOST:PORT` where HOST is this machine's name
+  (`socket.gethostname()`, or `LearnerServer.advertised_host` where that
+  name does not resolve from the collectors' machines); the port is
+  `LearnerServer.port`, or a free one (portpicker). With local collectors
+  only (`train.collector_launcher = 'local'`, no `advertised_host`) the
+  address announced is `localhost:PORT`. `AddressAnnouncement` prints it on
+  one line, `[alf_async] collectors connect to HOST:PORT`, and writes it
+  (one line) to `root_dir/replay_address`;
 - a `ReverbReplayer` on that server (the learner samples windows of the
   agent's train_sequence_length);
 - a `ReplayFeed`, which takes the driver's place in the `Learner`: it
@@ -108,6 +111,8 @@ class LearnerServer(object):
     Attributes:
         address: 'HOST:PORT' for collectors anywhere.
         local_address: 'localhost:PORT' for this machine's collectors.
+        advertised: whether `advertised_host` was given (remote collectors
+            chosen explicitly).
     """
 
     def __init__(self, data_spec, sequence_length, variables, checkpoint_dir, port=None,
@@ -125,6 +130,7 @@ class LearnerServer(object):
             raise ValueError(f"the learner's Reverb server cannot listen on port {port} "
                              f"(LearnerServer.port; in use?): {e}") from e
         self.port = self.server.port
+        self.advertised = advertised_host is not None
         self.address = f"{advertised_host or socket.gethostname()}:{self.port}"
         self.local_address = f"localhost:{self.port}"
 
@@ -372,12 +378,40 @@ class VariablePushHook(Hook):
         self.push()
 
 
-class AddressAnnouncement(Hook):
-    """Prints the address collectors use and writes it to
-    root_dir/replay_address when the learner begins (learner's thread)."""
+def exposure_line(port, remote):
+    """The line a learner prints at start about who can reach its Reverb
+    port: Reverb binds every interface (`[::]:PORT`, not a choice its
+    server offers) and authenticates no one. `remote`: collectors on other
+    machines were chosen (`LearnerServer.advertised_host`, or a launcher
+    other than 'local')."""
+    reach = ("collectors on other machines use it: run them on a private network or "
+             "through a tunnel" if remote else
+             "the collectors are this machine's, yet Reverb cannot be kept off the other "
+             "interfaces: firewall the port")
+    return (f"[alf_async] the learner's Reverb port {port} is open on every interface with "
+            f"no authentication (anyone who reaches it can insert experience, read the "
+            f"policy's variables or drain the tables); {reach} (docs/distributed.md, "
+            f"'Across a network')")
 
-    def __init__(self, address, root_dir, print_fn):
-        self._address = address
+
+class AddressAnnouncement(Hook):
+    """Prints who can reach the learner's port (`exposure_line`) and the
+    address collectors use, and writes that address to
+    root_dir/replay_address, when the learner begins (learner's thread).
+
+    Args:
+        server: the `LearnerServer`.
+        remote: collectors on other machines were chosen: the address is
+            `server.address` (HOST:PORT), else `server.local_address`
+            (localhost:PORT), which says no more than it should to whoever
+            reads the output or root_dir.
+        root_dir: the run's directory.
+        print_fn: callable(str).
+    """
+
+    def __init__(self, server, remote, root_dir, print_fn):
+        self._address = server.address if remote else server.local_address
+        self._exposure = exposure_line(server.port, remote)
         self._path = os.path.join(root_dir, ADDRESS_FILE)
         self._print = print_fn
 
@@ -386,6 +420,7 @@ class AddressAnnouncement(Hook):
         with open(self._path + ".tmp", "w") as f:
             f.write(self._address + "\n")
         os.replace(self._path + ".tmp", self._path)
+        self._print(self._exposure)
         self._print(f"[alf_async] collectors connect to {self._address} (written to "
                     f"{self._path}): alf-async-collect --replay_address {self._address} "
                     f"--gin_file ...")
@@ -490,8 +525,9 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
             replayer.close()
         server.stop()
         raise
+    remote = server.advertised or launcher_name != "local"
     hooks = [VariablePushHook(server.local_address, variables),
-             AddressAnnouncement(server.address, root_dir, print_fn)]
+             AddressAnnouncement(server, remote, root_dir, print_fn)]
     if unrolls:
         return Built(policy_lag.PolicyLag(replayer, train_step), feed, server, hooks,
                      reverb_replayer=replayer)
