@@ -1,11 +1,12 @@
-"""Across a network: the learner seen from another host, a network
-namespace the test makes and removes (alf_async.testing.netns; no other
-address is ever a target)."""
+"""Across a network: the learner's port and policy serving seen from
+another host, a network namespace the test makes and removes
+(alf_async.testing.netns; no other address is ever a target)."""
 
 import re
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -15,6 +16,7 @@ psutil = pytest.importorskip("psutil")
 from alf_async.distributed import learner_role  # noqa: E402
 from alf_async.testing import netns  # noqa: E402
 from test_distributed import ENV, Learner  # noqa: E402  (tests/ is on sys.path)
+from test_serving_cli import CLIENT, REPO, trainer_args, wait_for_address  # noqa: E402
 
 UNAVAILABLE = netns.unavailable()
 pytestmark = [pytest.mark.timeout(180),
@@ -72,3 +74,69 @@ def test_local_collectors_port_is_open_to_another_host_and_the_start_says_so(tmp
                     learner.process.kill()
                     learner.process.wait(10)
     assert learner.process.returncode == 0, learner.err[-20:]
+
+
+def serving_job(hosts, root_dir, *params):
+    """The serving job (dqn_cartpole_serving.gin) on host 'server'; its
+    stdout is read by a thread into the returned list."""
+    proc = hosts.popen("server", trainer_args(
+        root_dir, "make_serving_env_constructor.port = 0", "train.num_eval_episodes = 0",
+        "train.log_interval_secs = 0.2", *params),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(l.rstrip("\n") for l in proc.stdout),
+                     daemon=True).start()
+    return proc, lines
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def client_run(hosts, *args):
+    return hosts.run("client", [sys.executable, CLIENT] + list(args), capture_output=True,
+                     text=True, timeout=90, cwd=REPO, env=ENV)
+
+
+def test_serving_across_a_link_refuses_a_wrong_or_missing_token_and_learns_nothing(tmp_path):
+    with netns.TestHosts(["server", "client"]) as hosts:
+        root_dir = tmp_path / "run"
+        proc, lines = serving_job(hosts, root_dir, "make_serving_env_constructor.token = 's3cret'",
+                                  f"make_serving_env_constructor.host = "
+                                  f"'{hosts.address('server')}'")
+        try:
+            address = wait_for_address(root_dir / "server_address", proc)
+            assert address.startswith(f"http://{hosts.address('server')}:"), address
+            for token in (["--token", "wrong"], []):
+                refused = client_run(hosts, "--address", address, "--clients", "1", *token)
+                assert refused.returncode == 1, refused.stderr[-2000:]
+                assert refused.stderr == (
+                    f"cartpole_client: error: refused by {address}: missing or wrong "
+                    f"'Authorization: Bearer <token>' (HTTP 401) (check --token)\n")
+        finally:
+            stop(proc)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    # Nothing of the refused requests reached the learner.
+    assert any(re.fullmatch(r"\[alf_async\] stopped \(stop_event\) at iteration 0, train step "
+                            r"0, env steps 0; checkpoint in .*", l) for l in lines), lines
+
+
+def test_serving_keeps_to_loopback_by_default(tmp_path):
+    with netns.TestHosts(["server", "client"]) as hosts:
+        root_dir = tmp_path / "run"
+        proc, _ = serving_job(hosts, root_dir)
+        try:
+            address = wait_for_address(root_dir / "server_address", proc)
+            port = int(address.rsplit(":", 1)[1])
+            assert address == f"http://127.0.0.1:{port}"
+            assert probe(hosts, "client", f"{hosts.address('server')}:{port}") == \
+                "no connection: ConnectionRefusedError"
+        finally:
+            stop(proc)
+    assert proc.returncode == 0
