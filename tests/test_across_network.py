@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -15,7 +16,8 @@ psutil = pytest.importorskip("psutil")
 
 from alf_async.distributed import learner_role  # noqa: E402
 from alf_async.testing import netns  # noqa: E402
-from test_distributed import ENV, Learner  # noqa: E402  (tests/ is on sys.path)
+from test_distributed import (DISTRIBUTED_GIN, ENV, PROGRESS, TINY,  # noqa: E402  (tests/)
+                              Learner)
 from test_serving_cli import CLIENT, REPO, trainer_args, wait_for_address  # noqa: E402
 
 UNAVAILABLE = netns.unavailable()
@@ -140,3 +142,66 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
         finally:
             stop(proc)
     assert proc.returncode == 0
+
+
+def collector_on(hosts, name, address):
+    args = [sys.executable, "-m", "alf_async.bin.collect", "--replay_address", address,
+            "--gin_file", DISTRIBUTED_GIN]
+    for p in TINY:
+        args += ["--gin_param", p]
+    return hosts.popen(name, args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, env=ENV, cwd=REPO)
+
+
+def wait_until(predicate, secs, what):
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {secs} s")
+
+
+def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_from_the_other(
+        tmp_path):
+    with netns.TestHosts(["learner", "collector0", "collector1"]) as hosts:
+        learner = Learner(tmp_path, "train.collector_launcher = 'none'",
+                          f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
+                          host=(hosts, "learner"))
+        collectors = []
+        try:
+            address = learner.wait_for(
+                lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
+                "address line").group(1)
+            assert address.startswith(hosts.address("learner") + ":")
+            collectors = [collector_on(hosts, name, address)
+                          for name in ("collector0", "collector1")]
+            learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 120,
+                             "training")
+            hosts.cut("collector0")
+            cut_step, cut_bytes = learner.train_step(), hosts.bytes_from("collector0")
+            # The learner trains on from collector1 alone, and nothing of
+            # collector0 gets through.
+            wait_until(lambda: learner.train_step() >= cut_step + 20, 30,
+                       "training from the other collector")
+            time.sleep(2)
+            assert hosts.bytes_from("collector0") == cut_bytes
+            hosts.heal("collector0")
+            healed = time.monotonic()
+            # collector0 sends again by itself: its experience reaches the switch.
+            back = wait_until(lambda: hosts.bytes_from("collector0") > cut_bytes + 20_000, 15,
+                              "collector0 back within 15 s of the heal")
+            assert back - healed < 15
+            assert all(c.poll() is None for c in collectors), [c.stderr.read() for c in collectors]
+        finally:
+            for c in collectors:
+                c.send_signal(signal.SIGINT)
+            for c in collectors:
+                try:
+                    c.wait(30)
+                except subprocess.TimeoutExpired:
+                    c.kill()
+                    c.wait(10)
+            stop(learner.process)
+    assert learner.process.returncode == 0, learner.err[-20:]
+    assert [c.returncode for c in collectors] == [0, 0]

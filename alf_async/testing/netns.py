@@ -146,6 +146,16 @@ class TestHosts(object):
         """Brings host `name`'s link back up."""
         _ip("-n", self._switch, "link", "set", self._port(name), "up")
 
+    def bytes_from(self, name):
+        """Bytes host `name` has sent that reached the switch (its port's
+        receive counter): what gets through its link."""
+        done = subprocess.run(["ip", "netns", "exec", self._switch, "cat",
+                               f"/sys/class/net/{self._port(name)}/statistics/rx_bytes"],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise OSError(f"TestHosts.bytes_from({name!r}): {done.stderr.strip()}")
+        return int(done.stdout)
+
     def close(self):
         """Removes every namespace made (their interfaces go with them); idempotent."""
         while self._made:
