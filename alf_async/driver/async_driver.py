@@ -362,10 +362,11 @@ def _warn_if_few_inter_op_threads(envs, num_actor_queues):
     of the pool, and a third inter-op thread did not help ppo_pong.gin's two
     EnvPool pools and actor (498 and 515 env steps/s against 609 and 504
     with two, alternating runs). Environments declaring `blocking_step`
-    step off the pool. More threads than these steps and the actor threads change nothing
-    (measured: a 10 ms in-process step on 2 env threads ran at ~90 steps/s
-    with 2, 6 or 8 inter-op threads; docs/performance.md found no gain for
-    ppo_pong.gin either), so the hint shows only where the pool is smaller,
+    step off the pool. More threads than these steps and the actor threads
+    change nothing (measured: a 10 ms in-process step on 2 env threads ran
+    at ~90 steps/s with 2, 6 or 8 inter-op threads; docs/performance.md
+    found no gain for ppo_pong.gin either), so the hint shows only where
+    the pool is smaller,
     e.g. `train.inter_op_threads = 1`. The pool is sized by
     `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
     works before TF starts running ops (alf-async-train and `train()` set

@@ -103,8 +103,10 @@ class TestHosts(object):
                 subnet = f"{PREFIX}.{third % 250}"
                 try:
                     _ip("route", "add", "blackhole", f"{subnet}.0/24")
-                except OSError:
-                    continue
+                except OSError as e:
+                    if "File exists" in str(e):
+                        continue        # another run's
+                    raise
                 self.subnet, self._blackhole = subnet, f"{subnet}.0/24"
                 break
             else:
