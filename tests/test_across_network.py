@@ -144,10 +144,11 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
     assert proc.returncode == 0
 
 
-def collector_on(hosts, name, address):
+def collector_on(hosts, name, address, *params):
+    """alf-async-collect on host `name`, with TINY and `params` bound."""
     args = [sys.executable, "-m", "alf_async.bin.collect", "--replay_address", address,
             "--gin_file", DISTRIBUTED_GIN]
-    for p in TINY:
+    for p in TINY + list(params):
         args += ["--gin_param", p]
     return hosts.popen(name, args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        text=True, env=ENV, cwd=REPO)

@@ -165,6 +165,10 @@ def _relay(link, client, target):
     except OSError:
         _reset(client)
         return
+    for s in (client, server):
+        # Each chunk goes on when due: Nagle's algorithm would hold small
+        # ones for the peer's delayed ACK (gRPC sets TCP_NODELAY itself).
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     link.add(client, server)
     ups = threading.Thread(target=_pump, args=(link, client, server, "bytes_in"), daemon=True)
     ups.start()

@@ -1,0 +1,132 @@
+"""Throughput across a link: the learner of dqn_cartpole_distributed.gin
+(tests/test_distributed.py's tiny settings) and K collectors, each on a
+host of its own (network namespaces, alf_async.testing.netns; root and `ip
+netns` needed), every collector's link given a one-way latency by a relay
+on its host (alf_async.testing.relay: the collector connects to the relay
+on its own loopback, the relay to the learner), beside the same run over
+loopback (the collectors on the learner's host, no relay).
+
+    python benchmarks/across_network.py --collectors 1 2 --latency_ms 0 5 20 \\
+        [--rate_kbps 0] [--seconds 20] [--json out.json] [--gin_param ...]
+
+Per row: the learner's train steps/s and env steps/s (the collectors'
+inserted steps, from its progress lines) over --seconds once it trains.
+Rows run one after the other (loopback first for each K); run it alone.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import host_info  # noqa: E402  (benchmarks/)
+from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
+from test_across_network import collector_on, stop  # noqa: E402  (tests/)
+from test_distributed import Learner  # noqa: E402  (tests/)
+
+LINE = re.compile(r"\[alf_async\] iteration \d+ \| env steps (\d+) .*\| train steps (\d+) ")
+RELAY_PORT = 41999
+
+
+def counts(learner):
+    """(env steps, train steps) of the learner's last progress line."""
+    for line in reversed(list(learner.lines)):
+        m = LINE.match(line)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return 0, 0
+
+
+def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
+    """One run: None latency = loopback (collectors on the learner's host)."""
+    names = ["learner"] + [f"collector{i}" for i in range(num_collectors)]
+    procs = []
+    with tempfile.TemporaryDirectory() as root_dir, TestHosts(names) as hosts:
+        learner = Learner(root_dir, "train.collector_launcher = 'none'",
+                          f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
+                          *params, host=(hosts, "learner"))
+        try:
+            address = learner.wait_for(
+                lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
+                "address line").group(1)
+            for name in names[1:]:
+                if latency_ms is None:
+                    procs.append(collector_on(hosts, "learner", address, *params))
+                    continue
+                relay = hosts.popen(name, [
+                    sys.executable, "-m", "alf_async.testing.relay", "--listen",
+                    f"127.0.0.1:{RELAY_PORT}", "--target", address, "--delay_ms",
+                    str(latency_ms), "--rate_kbps", str(rate_kbps)],
+                    stdout=subprocess.PIPE, text=True)
+                assert relay.stdout.readline().startswith("relay listening"), name
+                procs.append(relay)
+                procs.append(collector_on(hosts, name, f"127.0.0.1:{RELAY_PORT}", *params))
+            learner.wait_for(lambda l: (m := LINE.match(l)) and int(m.group(2)) > 0, 180,
+                             "training")
+            time.sleep(2.0)
+            env0, train0 = counts(learner)
+            start = time.monotonic()
+            time.sleep(seconds)
+            env1, train1 = counts(learner)
+            secs = time.monotonic() - start
+            alive = all(p.poll() is None for p in procs)
+        finally:
+            for p in procs:
+                p.send_signal(2)
+            for p in procs:
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            stop(learner.process)
+    return dict(collectors=num_collectors, latency_ms=latency_ms, rate_kbps=rate_kbps,
+                train_steps_per_sec=(train1 - train0) / secs,
+                env_steps_per_sec=(env1 - env0) / secs, all_alive=alive,
+                learner_exit=learner.process.returncode)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--collectors", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--latency_ms", type=float, nargs="+", default=[0.0, 5.0, 20.0])
+    parser.add_argument("--rate_kbps", type=float, default=0.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--gin_param", action="append", default=[],
+                        help="more bindings, for the learner and its collectors alike")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    reason = unavailable()
+    if reason:
+        parser.error(reason)
+    rows = []
+    for k in args.collectors:
+        for latency in [None] + list(args.latency_ms):
+            row = one_row(k, latency, args.rate_kbps, args.seconds, args.gin_param)
+            rows.append(row)
+            print(f"K={k} {'loopback' if latency is None else f'{latency:g} ms one-way'}: "
+                  f"train steps/s {row['train_steps_per_sec']:.1f}, env steps/s "
+                  f"{row['env_steps_per_sec']:.0f}, all alive {row['all_alive']}", flush=True)
+    print(f"\n{'K':>2} {'link':>16} {'train steps/s':>14} {'vs loopback':>12} {'env steps/s':>12}")
+    for k in args.collectors:
+        base = next(r for r in rows if r["collectors"] == k and r["latency_ms"] is None)
+        for r in (r for r in rows if r["collectors"] == k):
+            link = "loopback" if r["latency_ms"] is None else f"{r['latency_ms']:g} ms one-way"
+            ratio = r["train_steps_per_sec"] / max(base["train_steps_per_sec"], 1e-9)
+            print(f"{k:>2} {link:>16} {r['train_steps_per_sec']:>14.1f} {ratio:>11.2f}x "
+                  f"{r['env_steps_per_sec']:>12.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(host=host_info.host(), args=vars(args), rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
