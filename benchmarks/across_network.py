@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_info  # noqa: E402  (benchmarks/)
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import collector_on, stop  # noqa: E402  (tests/)
-from test_distributed import Learner  # noqa: E402  (tests/)
+from test_across_network import collector_on, remote_learner, stop, stop_all  # noqa: E402
+
 
 LINE = re.compile(r"\[alf_async\] iteration \d+ \| env steps (\d+) .*\| train steps (\d+) ")
 RELAY_PORT = 41999
@@ -50,13 +50,8 @@ def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
     names = ["learner"] + [f"collector{i}" for i in range(num_collectors)]
     procs = []
     with tempfile.TemporaryDirectory() as root_dir, TestHosts(names) as hosts:
-        learner = Learner(root_dir, "train.collector_launcher = 'none'",
-                          f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
-                          *params, host=(hosts, "learner"))
+        learner, address = remote_learner(hosts, root_dir, *params)
         try:
-            address = learner.wait_for(
-                lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
-                "address line").group(1)
             for name in names[1:]:
                 if latency_ms is None:
                     procs.append(collector_on(hosts, "learner", address, *params))
@@ -79,13 +74,7 @@ def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
             secs = time.monotonic() - start
             alive = all(p.poll() is None for p in procs)
         finally:
-            for p in procs:
-                p.send_signal(2)
-            for p in procs:
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
             stop(learner.process)
     return dict(collectors=num_collectors, latency_ms=latency_ms, rate_kbps=rate_kbps,
                 train_steps_per_sec=(train1 - train0) / secs,

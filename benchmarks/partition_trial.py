@@ -14,8 +14,6 @@ first, then the learner). Run it alone on the machine.
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import time
 
@@ -23,8 +21,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import collector_on, stop, wait_until  # noqa: E402  (tests/)
-from test_distributed import PROGRESS, Learner  # noqa: E402  (tests/)
+from test_across_network import (collector_on, remote_learner, stop, stop_all,  # noqa: E402
+                                 wait_until)
+from test_distributed import PROGRESS  # noqa: E402  (tests/)
 
 
 def rate(learner, secs):
@@ -46,14 +45,9 @@ def main():
     import tempfile   # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory() as root_dir, \
             TestHosts(["learner", "collector0", "collector1"]) as hosts:
-        learner = Learner(root_dir, "train.collector_launcher = 'none'",
-                          f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
-                          host=(hosts, "learner"))
+        learner, address = remote_learner(hosts, root_dir)
         collectors = []
         try:
-            address = learner.wait_for(
-                lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
-                "address line").group(1)
             collectors = [collector_on(hosts, name, address)
                           for name in ("collector0", "collector1")]
             learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 120,
@@ -70,13 +64,7 @@ def main():
             after = rate(learner, args.window_secs)
             alive = [c.poll() is None for c in collectors]
         finally:
-            for c in collectors:
-                c.send_signal(2)
-            for c in collectors:
-                try:
-                    c.wait(30)
-                except subprocess.TimeoutExpired:
-                    c.kill()
+            stop_all(collectors)
             stop(learner.process)
     print(f"cut {args.cut_secs:.0f} s: train steps/s before {before:.1f}, during {during:.1f}, "
           f"after {after:.1f}; bytes through the cut link {leaked}; collector0 sending again "

@@ -163,17 +163,40 @@ def wait_until(predicate, secs, what):
     raise AssertionError(f"no {what} within {secs} s")
 
 
+def remote_learner(hosts, root_dir, *params):
+    """The learner CLI on host 'learner' for collectors started by hand on
+    other hosts; returns (Learner, the address it announced)."""
+    learner = Learner(root_dir, "train.collector_launcher = 'none'",
+                      f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
+                      *params, host=(hosts, "learner"))
+    try:
+        address = learner.wait_for(
+            lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
+            "address line").group(1)
+    except BaseException:
+        stop(learner.process)
+        raise
+    return learner, address
+
+
+def stop_all(procs):
+    """SIGINT to each of `procs`, then waits up to 30 s each (kills what is left)."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
 def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_from_the_other(
         tmp_path):
     with netns.TestHosts(["learner", "collector0", "collector1"]) as hosts:
-        learner = Learner(tmp_path, "train.collector_launcher = 'none'",
-                          f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
-                          host=(hosts, "learner"))
+        learner, address = remote_learner(hosts, tmp_path)
         collectors = []
         try:
-            address = learner.wait_for(
-                lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
-                "address line").group(1)
             assert address.startswith(hosts.address("learner") + ":")
             collectors = [collector_on(hosts, name, address)
                           for name in ("collector0", "collector1")]
@@ -195,14 +218,7 @@ def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_fro
             assert back - healed < 15
             assert all(c.poll() is None for c in collectors), [c.stderr.read() for c in collectors]
         finally:
-            for c in collectors:
-                c.send_signal(signal.SIGINT)
-            for c in collectors:
-                try:
-                    c.wait(30)
-                except subprocess.TimeoutExpired:
-                    c.kill()
-                    c.wait(10)
+            stop_all(collectors)
             stop(learner.process)
     assert learner.process.returncode == 0, learner.err[-20:]
     assert [c.returncode for c in collectors] == [0, 0]
