@@ -146,3 +146,70 @@ def test_a_server_that_goes_away_ends_the_collector_with_one_line_and_exit_1(tmp
     assert errors == [f"alf-async-collect: error: lost the learner's server at {address}: no "
                       f"answer for 2 s"]
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unconfirmed_unrolls", [1, 2])
+def test_paced_writes_wait_once_more_than_unconfirmed_unrolls_are_in_flight(
+        unconfirmed_unrolls):
+    """A queue of 3 items that nobody samples: its inserts wait once it is
+    full, and the collector waits once more than `unconfirmed_unrolls`
+    unrolls of a row are unconfirmed on top of them."""
+    import threading
+
+    import numpy as np
+
+    from alf_async.distributed.reverb_replayer import RowWriters, unroll_table
+    spec = {"step": tf.TensorSpec([], tf.int32)}
+    server = reverb.Server([unroll_table(spec, 2, max_size=3)])
+    address = f"localhost:{server.port}"
+    client = reverb.Client(address)
+    writers = RowWriters(client, 2, period=1)
+    stop_event = threading.Event()
+    paced = collector.PacedWrite(writers, 2, stop_event,
+                                 collector.ServerWatch(client, address, 60.0),
+                                 unconfirmed_unrolls)
+    started, returned = [], []
+
+    def write_unrolls():
+        for u in range(8):  # unrolls of 2 steps of one row: 1 item, then 2 each
+            started.append(u)
+            paced({"step": np.arange(2 * u, 2 * u + 2, dtype=np.int32)[None]}, [0])
+            returned.append(u)
+
+    writer_thread = threading.Thread(target=write_unrolls)
+    try:
+        writer_thread.start()
+        # 3 items fill the queue (unrolls 0 and 1); then each unroll adds 2
+        # unconfirmed ones: unrolls 2 .. 1 + unconfirmed_unrolls pass.
+        deadline = time.monotonic() + 30
+        while len(started) < 3 + unconfirmed_unrolls:
+            assert time.monotonic() < deadline, (started, returned)
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert returned == list(range(2 + unconfirmed_unrolls))
+        assert client.server_info()[REPLAY_TABLE].current_size == 3
+    finally:
+        stop_event.set()  # ends the wait; the rest of the unrolls pass without one
+        writer_thread.join(10)
+        writers.close()
+        server.stop()
+    assert not writer_thread.is_alive()
+    assert returned == list(range(8))
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_unconfirmed_unrolls_exits_2_with_one_line_before_connecting(tmp_path):
+    import portpicker
+    port = portpicker.pick_unused_port()  # nothing listens: it must not get that far
+    process = run_collect(tmp_path, f"localhost:{port}", "collect.unconfirmed_unrolls = 0")
+    out, err = process.communicate(timeout=50)
+    assert process.returncode == 2, (out, err)
+    assert "not reachable" not in out
+    assert err.strip().splitlines() == [
+        "alf-async-collect: error: collect.unconfirmed_unrolls must be an int >= 1, got 0"]
+    for value in (True, 2.0):  # nor any other than an int
+        with pytest.raises(ValueError, match=rf"^collect.unconfirmed_unrolls must be an int "
+                                             rf">= 1, got {value}\n"):
+            collector.collect(f"localhost:{port}", None, env_name="CartPole-v0",
+                              agent_fn=agents.dqn_agent, unconfirmed_unrolls=value)

@@ -263,18 +263,26 @@ class VariablePullHook(Hook):
                 self.pull()
 
 
-class _PacedWrite(object):
+def _check_unconfirmed_unrolls(value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"collect.unconfirmed_unrolls must be an int >= 1, got {value!r}")
+
+
+class PacedWrite(object):
     """The driver's exp_observer: writes the unroll rows, then waits (on the
     collection loop's thread, waking every 0.2 s for `stop_event`) until
-    each row has at most one unroll's items (`unroll_length` / the writers'
-    period, rounded up) unconfirmed by the server, so that a rate limiter
-    holding inserts back (a full queue) holds collection back too; while it
-    waits, `watch` raises `UnreachableError` once the server has been gone
-    for its deadline."""
+    each row has at most `unconfirmed_unrolls` unrolls' items
+    (`unroll_length` / the writers' period, rounded up, each) unconfirmed
+    by the server, so that a rate limiter holding inserts back (a full
+    queue) holds collection back too; while it waits, `watch` raises
+    `UnreachableError` once the server has been gone for its deadline.
+    With 1 the collector waits a round trip after every unroll; more keep
+    that many unrolls in flight, for a link with a long round trip."""
 
-    def __init__(self, writers, unroll_length, stop_event, watch):
+    def __init__(self, writers, unroll_length, stop_event, watch, unconfirmed_unrolls=1):
+        _check_unconfirmed_unrolls(unconfirmed_unrolls)
         self._writers = writers
-        self._pending = -(-unroll_length // writers.period)
+        self._pending = unconfirmed_unrolls * -(-unroll_length // writers.period)
         self._stop_event = stop_event
         self._watch = watch
 
@@ -358,7 +366,7 @@ class Collector(object):
 def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQUIRED,
             suite="suite_gym", make_env_constructor=suites.make_env_constructor,
             sequence_length=None, num_envs=1, env_batch_size=1, num_actor_queues=1,
-            actor_queue_cap=1, unroll_length=8, learn_queue_cap=1,
+            actor_queue_cap=1, unroll_length=8, learn_queue_cap=1, unconfirmed_unrolls=1,
             variable_update_interval=1.0, connect_deadline_secs=60.0, seed=None,
             collector_id=0, summary_dir=None, summary_interval_secs=10.0, print_fn=print):
     """Builds a `Collector` writing to `replay_address` (gin: `collect.*`;
@@ -377,6 +385,10 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         actor_queue_cap: as `trainer.train`'s.
         unroll_length: as `trainer.train`'s.
         learn_queue_cap: as `trainer.train`'s.
+        unconfirmed_unrolls: unrolls per row written and not yet confirmed
+            by the server before the collector waits (1: a round trip per
+            unroll; more for a link with a long round trip, which then
+            needs the room in `replay_table.error_buffer`).
         seed: as `trainer.train`'s.
         sequence_length: steps per replay item (the learner's
             `ReverbReplayer.sequence_length`); None: the replay table's
@@ -397,6 +409,7 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         ValueError: the table does not fit the agent (a queue of unrolls
             for an agent that trains on a replay table, or the reverse).
     """
+    _check_unconfirmed_unrolls(unconfirmed_unrolls)  # before any connection
     client = wait_for_server(replay_address, connect_deadline_secs, print_fn)
     if sequence_length is None:
         sequence_length = table_sequence_length(client)
@@ -430,7 +443,8 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
         unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
         actor_queue_cap=actor_queue_cap,
-        exp_observers=[_PacedWrite(writers, unroll_length, stop_event, watch)])
+        exp_observers=[PacedWrite(writers, unroll_length, stop_event, watch,
+                                   unconfirmed_unrolls)])
     container = reverb_variable_container.ReverbVariableContainer(
         replay_address, table_names=[VARIABLE_TABLE])
     reporter = (StatsReporter(client, collector_id, driver.get_metrics()) if has_stats
