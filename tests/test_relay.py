@@ -131,3 +131,39 @@ def test_a_loss_outside_0_1_is_refused_with_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith(
         "error: --loss must be a probability in [0, 1], got 5.0")
+
+
+def test_loss_and_flapping_apply_only_between_two_sighups_with_impair_on_signal():
+    port, stop = echo_server()
+    proc, relay_port = start_relay(port, "--impair_on_signal", "--loss", "1",
+                                   "--loss_delay_ms", "300", "--flap_secs", "2")
+    try:
+        sock = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+        time.sleep(2.2)   # longer than a flap: none happens, no chunk is held back
+        got, secs = round_trip(sock, b"clean")
+        assert got == b"clean" and secs < 0.3, secs
+        proc.send_signal(signal.SIGHUP)   # impaired: down at once (the open one reset),
+        impaired = time.monotonic()       # up 2 s later, down again 2 s after that
+        with pytest.raises(OSError):
+            while time.monotonic() < impaired + 1.5:
+                sock.sendall(b"x")
+                if not sock.recv(1):
+                    raise ConnectionResetError("closed")
+                time.sleep(0.05)
+        sock.close()
+        time.sleep(impaired + 2.3 - time.monotonic())
+        with socket.create_connection(("127.0.0.1", relay_port), timeout=10) as lossy:
+            got, secs = round_trip(lossy, b"lossy")   # every chunk lost once each way
+            assert got == b"lossy" and secs >= 0.6, secs
+        assert time.monotonic() < impaired + 3.8
+        proc.send_signal(signal.SIGHUP)   # healthy again, and up for good
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", relay_port), timeout=10) as healed:
+            got, secs = round_trip(healed, b"after")
+            assert got == b"after" and secs < 0.3, secs
+            time.sleep(impaired + 4.5 - time.monotonic())   # past the next flap's time
+            assert round_trip(healed, b"still")[0] == b"still"
+    finally:
+        counts = finish(proc)
+        stop.set()
+    assert counts["cuts"] == 1, counts

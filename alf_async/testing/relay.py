@@ -17,7 +17,10 @@ its own, with
 - `rate_kbps`: a bandwidth cap per direction (0: none);
 - cuts: SIGUSR1 resets every open connection (RST) and refuses new ones
   until SIGUSR2 (a partition and its heal, as TCP sees them when the peer's
-  host answers); `--flap_secs S` does that every S seconds by itself.
+  host answers); `--flap_secs S` does that every S seconds by itself;
+- `--impair_on_signal`: loss and flapping start at a SIGHUP and stop at the
+  next one (delay and the rate cap always apply), so that a link can go
+  bad and recover under connections that stay open.
 
 It prints `relay listening on HOST:PORT` once it accepts, and on SIGINT or
 SIGTERM closes everything and exits 0, printing its counts (connections
@@ -45,13 +48,17 @@ CHUNK = 65536
 class Link(object):
     """The relay's settings and its state (all threads)."""
 
-    def __init__(self, delay_ms=0.0, loss=0.0, loss_delay_ms=200.0, rate_kbps=0.0, seed=0):
+    def __init__(self, delay_ms=0.0, loss=0.0, loss_delay_ms=200.0, rate_kbps=0.0, seed=0,
+                 impaired=True):
         self.delay = delay_ms / 1000.0
         self.loss = loss
         self.loss_delay = loss_delay_ms / 1000.0
         self.rate = rate_kbps * 1000.0 / 8.0   # bytes/s, 0: no cap
         self.up = threading.Event()
         self.up.set()
+        self.impaired = threading.Event()   # loss and flapping apply while set
+        if impaired:
+            self.impaired.set()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._random = random.Random(seed)
@@ -60,6 +67,8 @@ class Link(object):
 
     def late(self):
         """Extra seconds a chunk waits (a lost segment's retransmission)."""
+        if not self.impaired.is_set():
+            return 0.0
         with self._lock:
             return self.loss_delay if self._random.random() < self.loss else 0.0
 
@@ -88,11 +97,20 @@ class Link(object):
     def heal(self):
         self.up.set()
 
+    def toggle_impaired(self):
+        if self.impaired.is_set():
+            self.impaired.clear()
+        else:
+            self.impaired.set()
+
 
 def _reset(sock):
-    """Closes `sock` with a TCP RST (linger 0), as a broken link's peer sees it."""
+    """Closes `sock` with a TCP RST (linger 0), as a broken link's peer sees it.
+    The shutdown wakes a thread blocked reading it: until that read returns,
+    the kernel keeps the socket open (close alone sends nothing)."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RD)
     except OSError:
         pass
     try:
@@ -190,14 +208,19 @@ def serve(listen, target, link, flap_secs=0.0, print_fn=print):
     lsock.listen(128)
     lsock.settimeout(0.2)
     print_fn(f"relay listening on {listen[0]}:{lsock.getsockname()[1]}")
-    next_flap = time.monotonic() + flap_secs if flap_secs else None
+    next_flap = None    # while impaired: when the link flaps next (down first)
     while not link.stopping.is_set():
-        if next_flap is not None and time.monotonic() >= next_flap:
-            if link.up.is_set():
-                link.cut()
-            else:
-                link.heal()
-            next_flap += flap_secs
+        if flap_secs and link.impaired.is_set():
+            now = time.monotonic()
+            if next_flap is None or now >= next_flap:
+                if link.up.is_set():
+                    link.cut()
+                else:
+                    link.heal()
+                next_flap = (next_flap or now) + flap_secs
+        elif next_flap is not None:  # the impairment ended: the link stays up
+            next_flap = None
+            link.heal()
         try:
             client, _ = lsock.accept()
         except socket.timeout:
@@ -229,10 +252,14 @@ def main(argv=None):
     parser.add_argument("--rate_kbps", type=float, default=0.0)
     parser.add_argument("--flap_secs", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--impair_on_signal", action="store_true",
+                        help="loss and flapping only between a SIGHUP and the next")
     args = parser.parse_args(argv)
     if not 0.0 <= args.loss <= 1.0:
         parser.error(f"--loss must be a probability in [0, 1], got {args.loss}")
-    link = Link(args.delay_ms, args.loss, args.loss_delay_ms, args.rate_kbps, args.seed)
+    link = Link(args.delay_ms, args.loss, args.loss_delay_ms, args.rate_kbps, args.seed,
+                impaired=not args.impair_on_signal)
+    signal.signal(signal.SIGHUP, lambda *_: link.toggle_impaired())
     signal.signal(signal.SIGUSR1, lambda *_: link.cut())
     signal.signal(signal.SIGUSR2, lambda *_: link.heal())
     for s in (signal.SIGINT, signal.SIGTERM):
