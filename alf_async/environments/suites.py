@@ -20,6 +20,7 @@ own with the same signature).
 suite_gym semantics; see gym_batch.py for why not suite_gym itself).
 """
 
+import importlib
 import functools
 import itertools
 import threading
@@ -49,6 +50,15 @@ def _load_gym(env_name, batch_size, seed, max_episode_steps=None):
     import gym
 
     from alf_async.environments import gym_batch
+    if ":" in env_name:
+        # 'module:EnvId' imports the module that registers EnvId first, as
+        # gym.make does from gym 0.24 on (our pinned 0.23 makes only ids).
+        module, _, env_name = env_name.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"suite_gym: cannot import {module!r} for {env_name!r} "
+                             f"({e})") from None
     try:
         gym.spec(env_name)
     except gym.error.Error as e:

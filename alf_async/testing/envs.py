@@ -195,11 +195,11 @@ class CountingGymEnv(gym.Env):
     """The gym twin of CountingEnv: the same observation (float32), actions
     {0, 1}, done (a termination) after `episode_length` steps."""
 
-    def __init__(self, episode_length=3):
+    def __init__(self, episode_length=3, env_index=None):
         self.observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._episode_length = episode_length
-        self._index = current_env_index() or 0
+        self._index = current_env_index() or 0 if env_index is None else env_index
         self._counter = -1
         self._t = 0
 
@@ -279,6 +279,24 @@ def gin_counting_env(episode_length=5):
 
 def counting_gym_env(episode_length=3):
     return CountingGymEnv(episode_length=episode_length)
+
+
+_ROWS_MADE = itertools.count()
+COUNTING_ROWS = "alf_async.testing.envs:CountingRows-v0"
+
+
+def counting_rows(episode_length=20):
+    """A CountingGymEnv whose env_index is $ALF_ASYNC_FIRST_ROW (default 0)
+    plus how many counting_rows this process made before it: each row of a
+    batch of them has its own, and processes started with different
+    $ALF_ASYNC_FIRST_ROW too (gym id `COUNTING_ROWS`, which imports this
+    module; for checks that no item joins steps of two rows or across a
+    gap, `replay_audit.row_runs`)."""
+    first = int(os.environ.get("ALF_ASYNC_FIRST_ROW", "0"))
+    return CountingGymEnv(episode_length=episode_length, env_index=first + next(_ROWS_MADE))
+
+
+gym.register(id="CountingRows-v0", entry_point=counting_rows)
 
 
 class _SlowStep(gym.Wrapper):
