@@ -144,14 +144,16 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
     assert proc.returncode == 0
 
 
-def collector_on(hosts, name, address, *params):
-    """alf-async-collect on host `name`, with TINY and `params` bound."""
+def collector_on(hosts, name, address, *params, env=None):
+    """alf-async-collect on host `name`, with TINY and `params` bound and
+    `env` added to its environment; its stdout and stderr are pipes (read
+    them once it exited)."""
     args = [sys.executable, "-m", "alf_async.bin.collect", "--replay_address", address,
             "--gin_file", DISTRIBUTED_GIN]
     for p in TINY + list(params):
         args += ["--gin_param", p]
-    return hosts.popen(name, args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       text=True, env=ENV, cwd=REPO)
+    return hosts.popen(name, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=dict(ENV, **(env or {})), cwd=REPO)
 
 
 def wait_until(predicate, secs, what):
@@ -203,12 +205,15 @@ def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_fro
             learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 120,
                              "training")
             hosts.cut("collector0")
+            cut_at = time.monotonic()
             cut_step, cut_bytes = learner.train_step(), hosts.bytes_from("collector0")
             # The learner trains on from collector1 alone, and nothing of
             # collector0 gets through.
             wait_until(lambda: learner.train_step() >= cut_step + 20, 30,
                        "training from the other collector")
-            time.sleep(2)
+            # 6 s at least: longer than collector0's wait for the server
+            # (2 s) after its writes stopped being confirmed.
+            time.sleep(max(2.0, cut_at + 6.0 - time.monotonic()))
             assert hosts.bytes_from("collector0") == cut_bytes
             hosts.heal("collector0")
             healed = time.monotonic()
@@ -222,3 +227,12 @@ def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_fro
             stop(learner.process)
     assert learner.process.returncode == 0, learner.err[-20:]
     assert [c.returncode for c in collectors] == [0, 0]
+    # collector0 said when the learner stopped answering and when it did again.
+    outs = [c.stdout.read() for c in collectors]
+    said = [[l for l in out.splitlines() if " answer" in l] for out in outs]
+    assert said[1] == []
+    assert len(said[0]) == 2, outs
+    assert said[0][0] == (f"[alf_async collector] {address} does not answer (outage 1); "
+                          f"waiting up to 60 s")
+    assert re.fullmatch(rf"\[alf_async collector\] {re.escape(address)} answers again after "
+                        rf"\d+\.\d s \(outage 1\)", said[0][1]), said

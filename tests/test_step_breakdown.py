@@ -95,7 +95,7 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "step_breakdown.py"),
          "--gin_file", os.path.join(REPO, "gin_configs", "ppo_cartpole.gin"),
-         "--sides", "alf_async", "--seconds", "20", "--warmup_secs", "8",
+         "--sides", "alf_async", "--seconds", "8", "--warmup_secs", "5",
          "--part_secs", "0.2", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=200,
         env=dict(os.environ, PYTHONPATH=REPO))

@@ -173,14 +173,17 @@ class ServerWatch(object):
     """Whether the learner's server still answers: `check()` returns True if
     it does, False if not (yet), and raises `UnreachableError` once it has
     not answered for `deadline_secs` (a learner that stopped: a collector
-    started by hand then exits with one line). Collection loop's thread;
-    a check blocks at most 2 s."""
+    started by hand then exits with one line). It says with `print_fn`
+    when the server stops answering and when it answers again (`outages`
+    counts them). Collection loop's thread; a check blocks at most 2 s."""
 
-    def __init__(self, client, address, deadline_secs):
+    def __init__(self, client, address, deadline_secs, print_fn=None):
         self._client = client
         self._address = address
         self._deadline = deadline_secs
+        self._print = print_fn or (lambda line: None)
         self._lost_since = None
+        self.outages = 0
 
     def check(self):
         try:
@@ -189,11 +192,17 @@ class ServerWatch(object):
             now = time.monotonic()
             if self._lost_since is None:
                 self._lost_since = now
+                self.outages += 1
+                self._print(f"[alf_async collector] {self._address} does not answer (outage "
+                            f"{self.outages}); waiting up to {self._deadline:g} s")
             elif now - self._lost_since > self._deadline:
                 raise UnreachableError(
                     f"lost the learner's server at {self._address}: no answer for "
                     f"{self._deadline:g} s") from None
             return False
+        if self._lost_since is not None:
+            self._print(f"[alf_async collector] {self._address} answers again after "
+                        f"{time.monotonic() - self._lost_since:.1f} s (outage {self.outages})")
         self._lost_since = None
         return True
 
@@ -437,7 +446,7 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
         policy = TrainStepStampedPolicy(policy, train_step)
     writers = RowWriters(reverb.Client(replay_address), sequence_length,
                          period=sequence_length - 1 if queue else 1)
-    watch = ServerWatch(client, replay_address, connect_deadline_secs)
+    watch = ServerWatch(client, replay_address, connect_deadline_secs, print_fn)
     driver = AsyncOffPolicyDriver(
         make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed),
         policy, num_envs=num_envs, num_actor_queues=num_actor_queues,

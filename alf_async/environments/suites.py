@@ -55,7 +55,8 @@ def _load_gym(env_name, batch_size, seed, max_episode_steps=None):
         # gym.make does from gym 0.24 on (our pinned 0.23 makes only ids).
         module, _, env_name = env_name.partition(":")
         try:
-            importlib.import_module(module)
+            with gin.unlock_config():  # the module may define configurables
+                importlib.import_module(module)
         except ImportError as e:
             raise ValueError(f"suite_gym: cannot import {module!r} for {env_name!r} "
                              f"({e})") from None

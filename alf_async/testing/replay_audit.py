@@ -1,7 +1,7 @@
 """Every item of a learner's replay table, read once, and what they say
 about the steps collectors wrote (benchmarks/network_faults.py):
 
-    items = read_checkpoint(os.path.join(root_dir, "replay"))
+    items = read_checkpoint(os.path.join(root_dir, "replay"))   # {key: observation}
     report = row_runs(items)   # spliced items, steps no item holds
 
 `read_checkpoint` restores a learner's Reverb checkpoint on a server of its
@@ -26,6 +26,7 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
+from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE
 
 PLACEHOLDER_PRIORITY = 0.25  # real items are inserted with priority 1
@@ -33,19 +34,22 @@ PLACEHOLDER_PRIORITY = 0.25  # real items are inserted with priority 1
 
 def read_checkpoint(checkpoint_dir, table=REPLAY_TABLE, batch=256):
     """The items of `table` in the latest Reverb checkpoint under
-    `checkpoint_dir` (a learner's ROOT_DIR/replay), as {key: data nest}."""
-    placeholder = reverb.Table.queue(table, 1)  # replaced by the restored table
-    server = reverb.Server([placeholder],
+    `checkpoint_dir` (a learner's ROOT_DIR/replay), as {key: its [L, 3]
+    observation}."""
+    # Reverb restores only tables it is given by name (a learner's three),
+    # and replaces them with what it restored.
+    names = {table, VARIABLE_TABLE, STATS_TABLE}
+    server = reverb.Server([reverb.Table.queue(name, 1) for name in sorted(names)],
                            checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
     try:
-        return drain(reverb.Client(f"localhost:{server.port}"), table, batch)
+        return drain(reverb.Client(f"localhost:{server.port}"), table, batch, observation)
     finally:
         server.stop()
 
 
-def drain(client, table=REPLAY_TABLE, batch=256):
+def drain(client, table=REPLAY_TABLE, batch=256, keep=lambda data: data):
     """Samples and deletes every item of `table`, which nobody else samples
-    or writes; returns {key: data nest} of the real ones."""
+    or writes; returns {key: keep(data nest)} of the real ones."""
     info = client.server_info()[table]
     signature = info.signature
     length = int(tf.nest.flatten(signature)[0].shape[0])
@@ -80,18 +84,17 @@ def drain(client, table=REPLAY_TABLE, batch=256):
                 if float(sample.info.priority) == PLACEHOLDER_PRIORITY:
                     placeholders -= 1
                 else:
-                    items[key] = sample.data
+                    items[key] = keep(sample.data)
             client.mutate_priorities(table, deletes=list(sampled))
 
 
-def observations(data):
-    """The [L, 3] observation of an item (a Trajectory or a dict of fields)."""
-    obs = data["observation"] if isinstance(data, dict) else data.observation
-    return np.asarray(obs)
+def observation(data):
+    """The observation of an item (a Trajectory or a dict of fields)."""
+    return np.asarray(data["observation"] if isinstance(data, dict) else data.observation)
 
 
 def row_runs(items):
-    """What the items say of the rows that wrote them.
+    """What the items ({key: [L, 3] observation}) say of the rows that wrote them.
 
     Returns:
         dict: `items`, `spliced` (items not one row's consecutive steps),
@@ -100,8 +103,7 @@ def row_runs(items):
     """
     spliced = 0
     held = {}
-    for data in items.values():
-        obs = observations(data)
+    for obs in items.values():
         env, counter = obs[:, 0], obs[:, 1]
         if not (env == env[0]).all() or not (np.diff(counter) == 1).all():
             spliced += 1
