@@ -41,6 +41,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_info  # noqa: E402  (benchmarks/)
+from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa: E402
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
 from alf_async.testing import replay_audit  # noqa: E402
 from alf_async.testing.envs import COUNTING_ROWS  # noqa: E402
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
@@ -151,7 +153,8 @@ def one_fault(fault, fault_secs, window_secs):
         row["exit"] = dict(learner=learner.process.returncode,
                            collectors=[c.returncode for c in collectors])
         row["outages"] = [[l for l in s.lines if " answer" in l] for s in said]
-        items = replay_audit.read_checkpoint(os.path.join(root_dir, "replay"))
+        items = replay_audit.read_checkpoint(os.path.join(root_dir, "replay"), REPLAY_TABLE,
+                                             [VARIABLE_TABLE, STATS_TABLE])
         audit = replay_audit.row_runs(items)
     row.update(items=audit["items"], spliced=audit["spliced"], rows=len(audit["rows"]),
                missing={str(k): [len(v), v[0], v[-1]] for k, v in audit["missing"].items()})

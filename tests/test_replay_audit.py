@@ -54,7 +54,7 @@ def test_read_checkpoint_reads_every_item_once_and_row_runs_counts_splices_and_g
     finally:
         writers.close()
         server.stop()
-    items = replay_audit.read_checkpoint(str(tmp_path), batch=16)
+    items = replay_audit.read_checkpoint(str(tmp_path), REPLAY_TABLE, batch=16)
     assert len(items) == 72
     report = replay_audit.row_runs(items)
     assert report == dict(items=72, spliced=1 + 3, rows=[0, 1, 2],

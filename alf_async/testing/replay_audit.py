@@ -1,7 +1,8 @@
 """Every item of a learner's replay table, read once, and what they say
 about the steps collectors wrote (benchmarks/network_faults.py):
 
-    items = read_checkpoint(os.path.join(root_dir, "replay"))   # {key: observation}
+    items = read_checkpoint(os.path.join(root_dir, "replay"), REPLAY_TABLE,
+                            [VARIABLE_TABLE, STATS_TABLE])   # {key: observation}
     report = row_runs(items)   # spliced items, steps no item holds
 
 `read_checkpoint` restores a learner's Reverb checkpoint on a server of its
@@ -26,19 +27,17 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
-from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE
-from alf_async.distributed.reverb_replayer import REPLAY_TABLE
 
 PLACEHOLDER_PRIORITY = 0.25  # real items are inserted with priority 1
 
 
-def read_checkpoint(checkpoint_dir, table=REPLAY_TABLE, batch=256):
+def read_checkpoint(checkpoint_dir, table, other_tables=(), batch=256):
     """The items of `table` in the latest Reverb checkpoint under
     `checkpoint_dir` (a learner's ROOT_DIR/replay), as {key: its [L, 3]
-    observation}."""
-    # Reverb restores only tables it is given by name (a learner's three),
-    # and replaces them with what it restored.
-    names = {table, VARIABLE_TABLE, STATS_TABLE}
+    observation}. `other_tables`: the names of the checkpoint's other
+    tables (Reverb restores only tables it is given by name, replacing
+    them with what it restored, and refuses a checkpoint with others)."""
+    names = {table, *other_tables}
     server = reverb.Server([reverb.Table.queue(name, 1) for name in sorted(names)],
                            checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
     try:
@@ -47,7 +46,7 @@ def read_checkpoint(checkpoint_dir, table=REPLAY_TABLE, batch=256):
         server.stop()
 
 
-def drain(client, table=REPLAY_TABLE, batch=256, keep=lambda data: data):
+def drain(client, table, batch=256, keep=lambda data: data):
     """Samples and deletes every item of `table`, which nobody else samples
     or writes; returns {key: keep(data nest)} of the real ones."""
     info = client.server_info()[table]
@@ -97,9 +96,10 @@ def row_runs(items):
     """What the items ({key: [L, 3] observation}) say of the rows that wrote them.
 
     Returns:
-        dict: `items`, `spliced` (items not one row's consecutive steps),
-        `rows` (env indices seen), `missing` ({env index: counters between
-        the row's first and last step that no item holds}, steps lost).
+        dict: the number of `items`; `spliced`, how many are not one row's
+            consecutive steps; `rows`, the env indices seen; `missing`,
+            {env index: the counters between its first and last step that
+            no item holds} (steps lost).
     """
     spliced = 0
     held = {}
