@@ -199,7 +199,7 @@ class CountingGymEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._episode_length = episode_length
-        self._index = current_env_index() or 0 if env_index is None else env_index
+        self._index = (current_env_index() or 0) if env_index is None else env_index
         self._counter = -1
         self._t = 0
 
