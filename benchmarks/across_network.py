@@ -45,6 +45,16 @@ def counts(learner):
     return 0, 0
 
 
+def relay_on(hosts, name, target, *flags):
+    """alf_async.testing.relay on host `name`, listening on its loopback's
+    RELAY_PORT and relaying to `target` with `flags`; returns once it accepts."""
+    relay = hosts.popen(name, [sys.executable, "-m", "alf_async.testing.relay", "--listen",
+                               f"127.0.0.1:{RELAY_PORT}", "--target", target] + list(flags),
+                        stdout=subprocess.PIPE, text=True)
+    assert relay.stdout.readline().startswith("relay listening"), name
+    return relay
+
+
 def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
     """One run: None latency = loopback (collectors on the learner's host)."""
     names = ["learner"] + [f"collector{i}" for i in range(num_collectors)]
@@ -56,13 +66,8 @@ def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
                 if latency_ms is None:
                     procs.append(collector_on(hosts, "learner", address, *params))
                     continue
-                relay = hosts.popen(name, [
-                    sys.executable, "-m", "alf_async.testing.relay", "--listen",
-                    f"127.0.0.1:{RELAY_PORT}", "--target", address, "--delay_ms",
-                    str(latency_ms), "--rate_kbps", str(rate_kbps)],
-                    stdout=subprocess.PIPE, text=True)
-                assert relay.stdout.readline().startswith("relay listening"), name
-                procs.append(relay)
+                procs.append(relay_on(hosts, name, address, "--delay_ms", str(latency_ms),
+                                      "--rate_kbps", str(rate_kbps)))
                 procs.append(collector_on(hosts, name, f"127.0.0.1:{RELAY_PORT}", *params))
             learner.wait_for(lambda l: (m := LINE.match(l)) and int(m.group(2)) > 0, 180,
                              "training")

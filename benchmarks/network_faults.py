@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_info  # noqa: E402  (benchmarks/)
+from across_network import RELAY_PORT, relay_on  # noqa: E402  (benchmarks/)
 from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
 from alf_async.testing import replay_audit  # noqa: E402
@@ -50,7 +50,6 @@ from test_across_network import collector_on, remote_learner, stop, stop_all  # 
 from test_distributed import PROGRESS  # noqa: E402  (tests/)
 
 FAULTS = ("partition", "loss1", "loss5", "flap", "learner_kill")
-RELAY_PORT = 41999
 LEARNER_PORT = 41300
 FLAP_SECS = 3.0
 PARAMS = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
@@ -58,11 +57,8 @@ PARAMS = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING
           "replay_table.max_size = 2000000"]   # nothing evicted: the audit sees every item
 
 
-def relay_args(fault, address):
-    impair = {"loss1": ["--loss", "0.01"], "loss5": ["--loss", "0.05"],
-              "flap": ["--flap_secs", str(FLAP_SECS)]}.get(fault, [])
-    return [sys.executable, "-m", "alf_async.testing.relay", "--listen",
-            f"127.0.0.1:{RELAY_PORT}", "--target", address, "--impair_on_signal"] + impair
+IMPAIRMENTS = {"loss1": ["--loss", "0.01"], "loss5": ["--loss", "0.05"],
+               "flap": ["--flap_secs", str(FLAP_SECS)]}   # the relay's flags per fault
 
 
 class Lines(object):
@@ -99,10 +95,8 @@ def one_fault(fault, fault_secs, window_secs):
         relays, collectors, said = [], [], []
         try:
             for i, name in enumerate(names[1:]):
-                relay = hosts.popen(name, relay_args(fault, address), stdout=subprocess.PIPE,
-                                    text=True)
-                assert relay.stdout.readline().startswith("relay listening"), name
-                relays.append(relay)
+                relays.append(relay_on(hosts, name, address, "--impair_on_signal",
+                                       *IMPAIRMENTS.get(fault, [])))
                 collectors.append(collector_on(hosts, name, f"127.0.0.1:{RELAY_PORT}", *PARAMS,
                                                env={"ALF_ASYNC_FIRST_ROW": str(1000 * i)}))
                 said.append(Lines(collectors[-1]))
@@ -115,7 +109,6 @@ def one_fault(fault, fault_secs, window_secs):
                         print(c.stderr.read()[-3000:], file=sys.stderr)
                 raise
             row["before"] = rate(learner, window_secs)
-            sent = {n: hosts.bytes_from(n) for n in names[1:]}
             if fault == "learner_kill":
                 learner.kill()
                 killed = time.monotonic()

@@ -21,16 +21,10 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
+from network_faults import rate  # noqa: E402  (benchmarks/)
 from test_across_network import (collector_on, remote_learner, stop, stop_all,  # noqa: E402
                                  wait_until)
 from test_distributed import PROGRESS  # noqa: E402  (tests/)
-
-
-def rate(learner, secs):
-    """The learner's train steps/s over the next `secs` seconds."""
-    step, start = learner.train_step(), time.monotonic()
-    time.sleep(secs)
-    return (learner.train_step() - step) / (time.monotonic() - start)
 
 
 def main():
