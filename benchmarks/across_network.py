@@ -7,7 +7,7 @@ on its own loopback, the relay to the learner), beside the same run over
 loopback (the collectors on the learner's host, no relay).
 
     python benchmarks/across_network.py --collectors 1 2 --latency_ms 0 5 20 \\
-        [--rate_kbps 0] [--seconds 20] [--json out.json] [--gin_param ...]
+        [--rate_kbps 0] [--seconds 20] [--rounds 1] [--json out.json] [--gin_param ...]
 
 Per row: the learner's train steps/s and env steps/s (the collectors'
 inserted steps, from its progress lines) over --seconds once it trains.
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,8 @@ def main():
     parser.add_argument("--latency_ms", type=float, nargs="+", default=[0.0, 5.0, 20.0])
     parser.add_argument("--rate_kbps", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every row, alternating (medians are printed)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="more bindings, for the learner and its collectors alike")
     parser.add_argument("--json", default=None)
@@ -101,21 +104,34 @@ def main():
     if reason:
         parser.error(reason)
     rows = []
+    links = [None] + list(args.latency_ms)
+    for round_index in range(args.rounds):
+        for k in args.collectors:
+            for latency in links:
+                row = one_row(k, latency, args.rate_kbps, args.seconds, args.gin_param)
+                row["round"] = round_index
+                rows.append(row)
+                print(f"round {round_index} K={k} "
+                      f"{'loopback' if latency is None else f'{latency:g} ms one-way'}: "
+                      f"train steps/s {row['train_steps_per_sec']:.1f}, env steps/s "
+                      f"{row['env_steps_per_sec']:.0f}, all alive {row['all_alive']}",
+                      flush=True)
+    print(f"\nmedians of {args.rounds} round(s); the ratio is each round's against its own "
+          f"loopback row, then the median")
+    print(f"{'K':>2} {'link':>16} {'train steps/s':>14} {'vs loopback':>12} {'env steps/s':>12}")
     for k in args.collectors:
-        for latency in [None] + list(args.latency_ms):
-            row = one_row(k, latency, args.rate_kbps, args.seconds, args.gin_param)
-            rows.append(row)
-            print(f"K={k} {'loopback' if latency is None else f'{latency:g} ms one-way'}: "
-                  f"train steps/s {row['train_steps_per_sec']:.1f}, env steps/s "
-                  f"{row['env_steps_per_sec']:.0f}, all alive {row['all_alive']}", flush=True)
-    print(f"\n{'K':>2} {'link':>16} {'train steps/s':>14} {'vs loopback':>12} {'env steps/s':>12}")
-    for k in args.collectors:
-        base = next(r for r in rows if r["collectors"] == k and r["latency_ms"] is None)
-        for r in (r for r in rows if r["collectors"] == k):
-            link = "loopback" if r["latency_ms"] is None else f"{r['latency_ms']:g} ms one-way"
-            ratio = r["train_steps_per_sec"] / max(base["train_steps_per_sec"], 1e-9)
-            print(f"{k:>2} {link:>16} {r['train_steps_per_sec']:>14.1f} {ratio:>11.2f}x "
-                  f"{r['env_steps_per_sec']:>12.0f}")
+        for latency in links:
+            mine = [r for r in rows if r["collectors"] == k and r["latency_ms"] == latency]
+            ratios = []
+            for r in mine:
+                base = next(b for b in rows if b["collectors"] == k and b["latency_ms"] is None
+                            and b["round"] == r["round"])
+                ratios.append(r["train_steps_per_sec"] / max(base["train_steps_per_sec"], 1e-9))
+            link = "loopback" if latency is None else f"{latency:g} ms one-way"
+            print(f"{k:>2} {link:>16} "
+                  f"{statistics.median(r['train_steps_per_sec'] for r in mine):>14.1f} "
+                  f"{statistics.median(ratios):>11.2f}x "
+                  f"{statistics.median(r['env_steps_per_sec'] for r in mine):>12.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(host=host_info.host(), args=vars(args), rows=rows), f, indent=1)

@@ -21,8 +21,16 @@ call the PolicyServerEnv's episode methods directly (no HTTP, no client
 process): the floor under the HTTP figures, i.e. what the driver's path
 from a client's get_action to the policy's answer costs by itself.
 
+With --latency_ms L [L ...] (root and `ip netns` needed) the rows run
+across a link: loopback's first, then per L the server on one test host
+(a network namespace, alf_async.testing.netns) and the client process on
+another, connecting through a relay on its own loopback that delays each
+direction by L ms (alf_async.testing.relay), so RTT = 2 L; each row is
+printed beside loopback's at its client count.
+
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16] [--slots N]
                                  [--slots_per_env K] [--in_process]
+                                 [--latency_ms 5 20] [--json out.json]
 
 Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
 requests/s (all commands), client threads that failed (should be 0).
@@ -105,10 +113,13 @@ def client_worker(address, num_clients, seconds, steps):
                            lambda x: x.tolist()), sys.stdout)
 
 
-def run_clients(address, num_clients, seconds, steps):
-    """Runs client_worker in a child process; returns its measurements."""
+def run_clients(address, num_clients, seconds, steps, netns=None):
+    """Runs client_worker in a child process (inside network namespace
+    `netns`, if given); returns its measurements."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--address", address,
            "--clients", str(num_clients), "--seconds", str(seconds), "--steps", str(steps)]
+    if netns is not None:
+        cmd = ["ip", "netns", "exec", netns] + cmd
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)  # pylint: disable=consider-using-with
     try:
         out, _ = proc.communicate(timeout=seconds + 60)
@@ -138,7 +149,12 @@ def driver_layout(slots, slots_per_env):
     return num_envs, num_actor_queues, max(1, num_envs // num_actor_queues)
 
 
-def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_process=False):
+def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_process=False,
+                      host="127.0.0.1", port=0, client_netns=None, client_address=None):
+    """Serves on `host`:`port` and measures each client count in turn; the
+    clients run in `client_netns` (None: this one) and connect to
+    `client_address` (None: the server's own address). Returns rows of
+    (clients, p50 ms, p99 ms, get_action/s, requests/s, client errors)."""
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
@@ -152,7 +168,8 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
     env = gym.make("CartPole-v0")
     action_spec, observation_spec = specs_from_gym(env.action_space, env.observation_space)
     env.close()
-    server = PolicyServerEnv(action_spec, observation_spec, max_concurrent=4 * slots)
+    server = PolicyServerEnv(action_spec, observation_spec, host=host, port=port,
+                             max_concurrent=4 * slots)
     q_net = q_network.QNetwork(server.time_step_spec().observation, server.action_spec(),
                                fc_layer_params=(64, 64))
     agent = dqn_agent.DqnAgent(server.time_step_spec(), server.action_spec(), q_network=q_net,
@@ -177,7 +194,8 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
                 return in_process_clients(server, n, secs, steps)
         else:
             def clients(n, secs):
-                return run_clients(server.address, n, secs, steps)
+                return run_clients(client_address or server.address, n, secs, steps,
+                                   client_netns)
         warm = clients(slots, 3.0)
         if warm["errors"]:
             print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
@@ -196,6 +214,63 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
     return rows
 
 
+SERVER_PORT = 41998
+
+
+def across_a_link(args, counts):
+    """--latency_ms: for loopback and then each latency, runs this script
+    again as the server (see main) and returns rows of (one-way latency ms
+    or None for loopback, clients, p50, p99, get_action/s, requests/s,
+    errors). Across a link the server is on test host 'server' and the
+    clients on host 'client', connecting to a relay on their own loopback
+    that adds the latency each way (alf_async.testing.relay)."""
+    # pylint: disable=import-outside-toplevel
+    import tempfile
+    from alf_async.testing.netns import TestHosts, unavailable
+    from across_network import RELAY_PORT, relay_on   # benchmarks/
+    reason = unavailable()
+    if reason:
+        sys.exit(f"serving.py: error: --latency_ms: {reason}")
+    base = [sys.executable, os.path.abspath(__file__), "--clients", args.clients,
+            "--seconds", str(args.seconds), "--steps", str(args.steps),
+            "--slots", str(args.slots), "--slots_per_env", str(args.slots_per_env)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        for latency in [None] + list(args.latency_ms):
+            if latency is None:
+                subprocess.run(base + ["--json", out], check=True, stdout=subprocess.DEVNULL)
+            else:
+                with TestHosts(["server", "client"]) as hosts:
+                    target = f"{hosts.address('server')}:{SERVER_PORT}"
+                    relay = relay_on(hosts, "client", target, "--delay_ms", str(latency))
+                    try:
+                        hosts.run("server", base + [
+                            "--host", hosts.address("server"), "--port", str(SERVER_PORT),
+                            "--client_netns", hosts.namespace("client"),
+                            "--client_address", f"http://127.0.0.1:{RELAY_PORT}",
+                            "--json", out], check=True, stdout=subprocess.DEVNULL)
+                    finally:
+                        relay.terminate()
+                        relay.wait(30)
+            with open(out) as f:
+                rows += [[latency] + row for row in json.load(f)]
+    return rows
+
+
+def print_link_rows(rows):
+    """The --latency_ms table: each row beside loopback's at its client count."""
+    loopback = {row[1]: row for row in rows if row[0] is None}
+    print("| one-way latency | clients | p50 (ms) | p99 (ms) | p99 - RTT (ms) | get_action/s "
+          "| x loopback | client errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for latency, n, p50, p99, actions, _, errors in rows:
+        where = "loopback" if latency is None else f"{latency:g} ms"
+        over = p99 - 2 * (latency or 0.0)
+        print(f"| {where} | {n:.0f} | {p50:.2f} | {p99:.2f} | {over:.2f} | {actions:,.0f} "
+              f"| {actions / loopback[n][4]:.2f} | {errors:.0f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="per client count")
@@ -210,8 +285,17 @@ def main():
     parser.add_argument("--in_process", action="store_true",
                         help="clients are threads of this process calling the server "
                              "directly: no HTTP (the floor under the HTTP figures)")
+    parser.add_argument("--latency_ms", type=float, nargs="+", default=None,
+                        help="across a link (root and ip netns needed): loopback's rows, "
+                             "then for each one-way latency the server on one test host "
+                             "and the clients on another, behind a relay")
+    parser.add_argument("--json", default=None, help="write the rows here as JSON")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--client_netns", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--client_address", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         client_worker(args.address, int(args.clients), args.seconds, args.steps)
@@ -224,8 +308,26 @@ def main():
     if slots_per_env < 1 or slots % slots_per_env:
         parser.error(f"--slots_per_env must be a divisor of --slots ({slots}) >= 1, "
                      f"got {args.slots_per_env}")
+    if args.latency_ms is not None:
+        args.slots, args.slots_per_env = slots, slots_per_env
+        rows = across_a_link(args, counts)
+        import host_info   # pylint: disable=import-outside-toplevel  (benchmarks/)
+        host = host_info.host()
+        print(f"\nhost: {host_info.describe(host)}")
+        print(f"\nget_action round trip across a link ({slots} slots, remote inference, "
+              f"{args.seconds:g} s per row, episodes of {args.steps} steps; RTT = 2 x the "
+              f"one-way latency):\n")
+        print_link_rows(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(host=host, args=vars(args), rows=rows), f, indent=1)
+        return
     rows = serve_and_measure(counts, args.seconds, args.steps, slots, slots_per_env,
-                             args.in_process)
+                             args.in_process, args.host, args.port, args.client_netns,
+                             args.client_address)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([list(map(float, row)) for row in rows], f)
     num_envs, num_actor_queues, actor_queue_cap = driver_layout(slots, slots_per_env)
     where = ("in-process clients, no HTTP" if args.in_process else
              "on loopback, clients in another process")

@@ -129,6 +129,75 @@ def test_serving_across_a_link_refuses_a_wrong_or_missing_token_and_learns_nothi
                             r"0, env steps 0; checkpoint in .*", l) for l in lines), lines
 
 
+# Run on the client host: an episode of 3 steps, then (the test cuts the
+# link) a step that times out, then (healed, past the idle timeout) the
+# same episode once more, then a new episode on the same PolicyClient.
+PARTITIONED_CLIENT = """
+import sys
+import numpy as np
+from alf_async.serving.client import PolicyClient
+client = PolicyClient(sys.argv[1], token="s3cret", timeout=2.0)
+obs = np.zeros(4, np.float32)
+eid = client.start_episode()
+for reward in (None, 1.0, 1.0):
+    client.get_action(eid, obs, reward=reward)
+print("mid-episode", flush=True)
+for stage in ("partitioned", "healed"):
+    sys.stdin.readline()
+    try:
+        client.get_action(eid, obs, reward=1.0)
+        print(stage, "answered", flush=True)
+    except Exception as e:
+        print(stage, type(e).__name__, e, flush=True)
+eid = client.start_episode()
+for reward in (None, 1.0):
+    client.get_action(eid, obs, reward=reward)
+client.end_episode(eid, obs)
+print("a new episode played", flush=True)
+"""
+
+
+def test_a_client_partitioned_mid_episode_times_out_its_episode_closes_and_it_plays_again(
+        tmp_path):
+    with netns.TestHosts(["server", "client"]) as hosts:
+        proc, lines = serving_job(hosts, tmp_path / "run",
+                                  "make_serving_env_constructor.token = 's3cret'",
+                                  "make_serving_env_constructor.episode_idle_timeout = 1.0",
+                                  f"make_serving_env_constructor.host = "
+                                  f"'{hosts.address('server')}'")
+        client = None
+        try:
+            address = wait_for_address(tmp_path / "run" / "server_address", proc)
+            client = hosts.popen("client", [sys.executable, "-c", PARTITIONED_CLIENT, address],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+            assert client.stdout.readline() == "mid-episode\n", client.stderr.read()[-2000:]
+            hosts.cut("client")
+            client.stdin.write("\n")
+            client.stdin.flush()
+            # The request waits for the client's timeout: no RST comes
+            # through a link that is down.
+            assert client.stdout.readline() == (
+                f"partitioned TimeoutError policy server {address}: no response within "
+                f"2.0 s\n")
+            time.sleep(1.5)   # past the server's episode_idle_timeout
+            hosts.heal("client")
+            client.stdin.write("\n")
+            client.stdin.flush()
+            healed = client.stdout.readline()
+            assert re.fullmatch(r"healed ServerValueError episode '[^']+' has already finished "
+                                r"\(no call for 1 s \(episode_idle_timeout\)\) \(HTTP 400\)\n",
+                                healed), healed
+            assert client.stdout.readline() == "a new episode played\n"
+            assert client.wait(30) == 0, client.stderr.read()[-2000:]
+        finally:
+            if client is not None and client.poll() is None:
+                client.kill()
+                client.wait()
+            stop(proc)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+
+
 def test_serving_keeps_to_loopback_by_default(tmp_path):
     with netns.TestHosts(["server", "client"]) as hosts:
         root_dir = tmp_path / "run"

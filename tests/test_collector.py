@@ -210,3 +210,41 @@ def test_a_bad_unconfirmed_unrolls_is_refused_before_connecting():
             collector.collect(f"localhost:{port}", None, env_name="CartPole-v0",
                               agent_fn=agents.dqn_agent, unconfirmed_unrolls=value,
                               connect_deadline_secs=30.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_pull_overlaps_collection_and_is_assigned_once_it_arrives():
+    """An empty variable table makes a pull wait (as a slow link does):
+    the iterations go on meanwhile, and the first one after the learner
+    pushed assigns what was pushed."""
+    from tf_agents.experimental.distributed import reverb_variable_container
+    variables = {collector.POLICY_KEY: [tf.Variable([0.0, 0.0])],
+                 collector.TRAIN_STEP_KEY: tf.Variable(0, dtype=tf.int64)}
+    server = reverb.Server([collector.variable_table(variables)])
+    address = f"localhost:{server.port}"
+    container = reverb_variable_container.ReverbVariableContainer(
+        address, table_names=[collector.VARIABLE_TABLE])
+    hook = collector.VariablePullHook(container, variables, interval_secs=0.0,
+                                      watch=collector.ServerWatch(reverb.Client(address),
+                                                                  address, 60.0))
+    start = time.monotonic()
+    for _ in range(50):   # the first starts the pull; none waits for it
+        hook.after_iteration(None, 0, 0)
+    assert time.monotonic() - start < 1.0 and hook.pulls == 0
+    assert variables[collector.POLICY_KEY][0].numpy().tolist() == [0.0, 0.0]
+    pushed = {collector.POLICY_KEY: [tf.Variable([1.5, -2.0])],
+              collector.TRAIN_STEP_KEY: tf.Variable(7, dtype=tf.int64)}
+    container.push(pushed, collector.VARIABLE_TABLE)
+    deadline = time.monotonic() + 30
+    while hook.pulls == 0:
+        assert time.monotonic() < deadline, "the pull never arrived"
+        hook.after_iteration(None, 0, 0)
+        time.sleep(0.01)
+    assert hook.pulls == 1
+    assert variables[collector.POLICY_KEY][0].numpy().tolist() == [1.5, -2.0]
+    assert int(variables[collector.TRAIN_STEP_KEY].numpy()) == 7
+    # The next iteration (interval 0) starts the next pull, which the table answers at once.
+    hook.after_iteration(None, 0, 0)
+    hook.end(None, "stop_event")
+    assert hook.pulls == 2
+    server.stop()

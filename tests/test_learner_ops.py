@@ -38,7 +38,7 @@ def test_learner_ops_tiny_ppo_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "learner_ops.py"),
          "--gin_file", os.path.join(REPO, "gin_configs", "ppo_cartpole.gin"),
-         "--calls", "1", "--warmup_calls", "1", "--json", str(out)],
+         "--calls", "1", "--warmup_calls", "1", "--floor_secs", "0.3", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
         env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -25,8 +25,9 @@ items share one step). `collect.unroll_length` (how its driver cuts
 unrolls) is independent of T.
 
 The collection loop is a `Learner` with no agent: it takes the driver's
-batches (for the writers) until stopped; `VariablePullHook` pulls and then
-reports the collector's episode metrics to the learner (`StatsReporter`:
+batches (for the writers) until stopped; `VariablePullHook` pulls (on a
+helper thread, while collection goes on) and then reports the collector's
+episode metrics to the learner (`StatsReporter`:
 one item in the server's `collector_stats` queue table, which the learner
 drains into its own NumberOfEpisodes / EnvironmentSteps / AverageReturn /
 AverageEpisodeLength); with `summary_dir` the collector also writes its
@@ -211,12 +212,23 @@ class VariablePullHook(Hook):
     """Pulls the policy's variables every `interval_secs`, then sends a
     stats report if there is a `reporter`.
 
-    Threads: the collection loop's thread calls everything; a pull and its
-    report run on a short-lived helper thread, since a Reverb sample from
-    a server that went away blocks for ever: the loop's thread waits for
-    it, checking `watch` every second (which raises `UnreachableError`
-    after its deadline, leaving the daemon helper behind in a process that
-    is about to exit). A pull blocks until the learner pushed once.
+    `pull()` (before acting) blocks until it is done. Later pulls overlap
+    collection, as Acme's asynchronous `VariableClient` does: after an
+    iteration at least `interval_secs` after the last pull began, a
+    short-lived helper thread fetches the variables (a Reverb sample) and
+    sends the report while collection goes on; the first iteration's end
+    after the helper is done assigns what it fetched (local: no round
+    trip) and raises its error, if any, with its type. On a link with a
+    round trip of R, a blocking pull would stop collection for about 3 R
+    (the liveness check, the sample, the report) each time.
+
+    Threads: the collection loop's thread calls everything; fetches and
+    reports run on the helper. A Reverb sample from a server that went
+    away blocks for ever: while a fetch is in flight (and while `pull()`
+    waits for one), `watch` is checked once a second, which raises
+    `UnreachableError` after its deadline, leaving the daemon helper
+    behind in a process that is about to exit. A pull blocks until the
+    learner pushed once.
     """
 
     def __init__(self, container, variables, interval_secs, reporter=None, watch=None):
@@ -226,50 +238,92 @@ class VariablePullHook(Hook):
         self._reporter = reporter
         self._watch = watch
         self._last = time.monotonic()
+        self._in_flight = None       # (helper thread, [outcome]) of a fetch under way
+        self._checked = 0.0
         self.pulls = 0
 
     def pull(self):
-        self._on_helper(self._pull_and_report)
+        """Fetches and assigns the variables (and reports), blocking."""
         self._last = time.monotonic()
-        self.pulls += 1
+        helper, outcome = self._start()
+        while True:
+            helper.join(1.0)
+            if outcome:
+                break
+            if self._watch is not None:
+                self._watch.check()
+        self._finish(outcome)
 
-    def _pull_and_report(self):
-        self._container.update(self._variables, VARIABLE_TABLE)
-        if self._reporter is not None:
-            self._reporter.report()
-
-    def _on_helper(self, fn):
-        """Runs `fn` on a helper thread; raises its error here."""
-        if self._watch is None:
-            return fn()
+    def _start(self):
         outcome = []
 
         def target():
             try:
-                fn()
+                values = self._container.pull(VARIABLE_TABLE)
+                if self._reporter is not None:
+                    self._reporter.report()
+                outcome.append((values, None))
+            except BaseException as e:  # pylint: disable=broad-except  (raised in _finish)
+                outcome.append((None, e))
+
+        helper = threading.Thread(target=target, name="variable_pull", daemon=True)
+        helper.start()
+        return helper, outcome
+
+    def _finish(self, outcome):
+        values, error = outcome[0]
+        if error is not None:
+            raise error
+        # ReverbVariableContainer.update's assignment, which it keeps private.
+        tf.nest.assert_same_structure(self._variables, values, check_types=False)
+        for variable, value in zip(tf.nest.flatten(self._variables), tf.nest.flatten(values)):
+            variable.assign(value)
+        self.pulls += 1
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        now = time.monotonic()
+        if self._in_flight is not None:
+            helper, outcome = self._in_flight
+            if outcome:
+                self._in_flight = None
+                self._finish(outcome)
+            elif self._watch is not None and now - self._checked >= 1.0:
+                self._checked = now
+                self._watch.check()   # raises UnreachableError after its deadline
+        elif now - self._last >= self._interval:
+            self._last = self._checked = now
+            self._in_flight = self._start()
+
+    def end(self, learner, stopped_by):
+        if self._in_flight is not None:   # let the fetch under way end (or the watch give up)
+            helper, outcome = self._in_flight
+            while not outcome:
+                helper.join(1.0)
+                if not outcome and self._watch is not None:
+                    self._watch.check()
+            self._in_flight = None
+            self._finish(outcome)
+        if self._reporter is not None and self._watch is not None and self._watch.check():
+            self._report_on_helper()
+
+    def _report_on_helper(self):
+        outcome = []
+
+        def target():
+            try:
+                self._reporter.report()
                 outcome.append(None)
             except BaseException as e:  # pylint: disable=broad-except  (raised below)
                 outcome.append(e)
 
         helper = threading.Thread(target=target, name="variable_pull", daemon=True)
         helper.start()
-        while True:
+        while not outcome:
             helper.join(1.0)
-            if outcome:
-                break
-            self._watch.check()
+            if not outcome:
+                self._watch.check()
         if outcome[0] is not None:
             raise outcome[0]
-
-    def end(self, learner, stopped_by):
-        if self._reporter is not None and self._watch is not None and self._watch.check():
-            self._on_helper(self._reporter.report)
-
-    def after_iteration(self, learner, train_step_before, train_step):
-        if time.monotonic() - self._last >= self._interval:
-            # A pull from a server that is gone could block inside Reverb.
-            if self._watch is None or self._watch.check():
-                self.pull()
 
 
 def _check_unconfirmed_unrolls(value):
