@@ -57,6 +57,11 @@ PARAMS = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING
           "replay_table.max_size = 2000000"]   # nothing evicted: the audit sees every item
 
 
+# learner_kill: checkpoints (the agent's and the replay table's) every
+# 500 train steps, so that the resumed learner restores one; the steps the
+# collectors wrote after it are lost with the killed process.
+KILL_PARAMS = ["train.checkpoint_interval = 500"]
+
 IMPAIRMENTS = {"loss1": ["--loss", "0.01"], "loss5": ["--loss", "0.05"],
                "flap": ["--flap_secs", str(FLAP_SECS)]}   # the relay's flags per fault
 
@@ -91,7 +96,8 @@ def one_fault(fault, fault_secs, window_secs):
     names = ["learner", "collector0", "collector1"]
     row = dict(fault=fault, fault_secs=fault_secs)
     with tempfile.TemporaryDirectory() as root_dir, TestHosts(names) as hosts:
-        learner, address = remote_learner(hosts, root_dir, *PARAMS)
+        learner_params = PARAMS + (KILL_PARAMS if fault == "learner_kill" else [])
+        learner, address = remote_learner(hosts, root_dir, *learner_params)
         relays, collectors, said = [], [], []
         try:
             for i, name in enumerate(names[1:]):
@@ -112,14 +118,14 @@ def one_fault(fault, fault_secs, window_secs):
             if fault == "learner_kill":
                 learner.kill()
                 killed = time.monotonic()
-                learner, _ = remote_learner(hosts, root_dir, *PARAMS)
-                row["resumed"] = [l for l in learner.lines if "restored" in l or "resum" in l]
+                learner, _ = remote_learner(hosts, root_dir, *learner_params)
                 row["listening_after_kill"] = time.monotonic() - killed
                 sent = {n: hosts.bytes_from(n) for n in names[1:]}
                 row["back"] = {n: wait_for_bytes(hosts, n, sent[n] + 20_000, 60)
                                for n in names[1:]}
                 learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0,
                                  120, "the resumed learner training")
+                row["resumed"] = [l for l in learner.lines if "restored" in l or "resum" in l]
                 row["during"] = None
             else:
                 if fault == "partition":

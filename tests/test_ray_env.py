@@ -131,8 +131,8 @@ def test_a_new_actor_gets_init_timeout_to_start_and_a_step_step_timeout(no_ray_l
     # Ray starts a worker process for each actor: its first call (specs, or a
     # replacement's reset) may take far longer than a step.
     ray_env.ensure_ray(num_cpus=2)
-    build = functools.partial(slow_to_build_env, build_secs=6.0)
-    env = RayBatchedEnv(build, step_timeout=3.0, init_timeout=60.0, max_restarts=1)
+    build = functools.partial(slow_to_build_env, build_secs=3.0)
+    env = RayBatchedEnv(build, step_timeout=1.5, init_timeout=60.0, max_restarts=1)
     try:
         assert env.reset().step_type.tolist() == [FIRST]
         assert env.step(np.zeros(1, np.int32)).step_type.tolist() == [MID]
