@@ -30,11 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_info  # noqa: E402  (benchmarks/)
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import collector_on, remote_learner, stop, stop_all  # noqa: E402
-
+from test_across_network import (RELAY_PORT, collector_on, relay_on,  # noqa: E402  (tests/)
+                                 remote_learner, stop, stop_all)
 
 LINE = re.compile(r"\[alf_async\] iteration \d+ \| env steps (\d+) .*\| train steps (\d+) ")
-RELAY_PORT = 41999
 
 
 def counts(learner):
@@ -44,16 +43,6 @@ def counts(learner):
         if m:
             return int(m.group(1)), int(m.group(2))
     return 0, 0
-
-
-def relay_on(hosts, name, target, *flags):
-    """alf_async.testing.relay on host `name`, listening on its loopback's
-    RELAY_PORT and relaying to `target` with `flags`; returns once it accepts."""
-    relay = hosts.popen(name, [sys.executable, "-m", "alf_async.testing.relay", "--listen",
-                               f"127.0.0.1:{RELAY_PORT}", "--target", target] + list(flags),
-                        stdout=subprocess.PIPE, text=True)
-    assert relay.stdout.readline().startswith("relay listening"), name
-    return relay
 
 
 def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):

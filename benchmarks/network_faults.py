@@ -40,13 +40,13 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_info  # noqa: E402  (benchmarks/)
-from across_network import RELAY_PORT, relay_on  # noqa: E402  (benchmarks/)
 from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
 from alf_async.testing import replay_audit  # noqa: E402
 from alf_async.testing.envs import COUNTING_ROWS  # noqa: E402
 from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import collector_on, remote_learner, stop, stop_all  # noqa: E402
+from test_across_network import (RELAY_PORT, collector_on, relay_on,  # noqa: E402
+                                 remote_learner, stop, stop_all)
 from test_distributed import PROGRESS  # noqa: E402  (tests/)
 
 FAULTS = ("partition", "loss1", "loss5", "flap", "learner_kill")

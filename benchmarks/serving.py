@@ -47,6 +47,8 @@ import time
 
 import numpy as np
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 
 # ---------------------------------------------------------------- clients
@@ -227,7 +229,8 @@ def across_a_link(args, counts):
     # pylint: disable=import-outside-toplevel
     import tempfile
     from alf_async.testing.netns import TestHosts, unavailable
-    from across_network import RELAY_PORT, relay_on   # benchmarks/
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from test_across_network import RELAY_PORT, relay_on   # tests/
     reason = unavailable()
     if reason:
         sys.exit(f"serving.py: error: --latency_ms: {reason}")

@@ -2,6 +2,7 @@
 another host, a network namespace the test makes and removes
 (alf_async.testing.netns; no other address is ever a target)."""
 
+import json
 import re
 import signal
 import subprocess
@@ -15,7 +16,10 @@ reverb = pytest.importorskip("reverb")
 psutil = pytest.importorskip("psutil")
 
 from alf_async.distributed import learner_role  # noqa: E402
-from alf_async.testing import netns  # noqa: E402
+from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa: E402
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
+from alf_async.testing import netns, replay_audit  # noqa: E402
+from alf_async.testing.envs import COUNTING_ROWS  # noqa: E402
 from test_distributed import (DISTRIBUTED_GIN, ENV, PROGRESS, TINY,  # noqa: E402  (tests/)
                               Learner)
 from test_serving_cli import CLIENT, REPO, trainer_args, wait_for_address  # noqa: E402
@@ -225,6 +229,19 @@ def collector_on(hosts, name, address, *params, env=None):
                        text=True, env=dict(ENV, **(env or {})), cwd=REPO)
 
 
+RELAY_PORT = 41999
+
+
+def relay_on(hosts, name, target, *flags):
+    """alf_async.testing.relay on host `name`, listening on its loopback's
+    RELAY_PORT and relaying to `target` with `flags`; returns once it accepts."""
+    relay = hosts.popen(name, [sys.executable, "-m", "alf_async.testing.relay", "--listen",
+                               f"127.0.0.1:{RELAY_PORT}", "--target", target] + list(flags),
+                        stdout=subprocess.PIPE, text=True)
+    assert relay.stdout.readline().startswith("relay listening"), name
+    return relay
+
+
 def wait_until(predicate, secs, what):
     deadline = time.monotonic() + secs
     while time.monotonic() < deadline:
@@ -262,18 +279,31 @@ def stop_all(procs):
             p.wait(10)
 
 
+# The environments' observations are [row, counter, t] (envs.counting_rows),
+# collector1's rows from 1001 on, and nothing is evicted: after the run the
+# replay checkpoint's items are audited.
+AUDITED = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
+           "replay_table.max_size = 2000000"]
+
+
 def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_from_the_other(
         tmp_path):
     with netns.TestHosts(["learner", "collector0", "collector1"]) as hosts:
-        learner, address = remote_learner(hosts, tmp_path)
-        collectors = []
+        learner, address = remote_learner(hosts, tmp_path, *AUDITED)
+        collectors, relays = [], []
         try:
             assert address.startswith(hosts.address("learner") + ":")
-            collectors = [collector_on(hosts, name, address)
-                          for name in ("collector0", "collector1")]
+            collectors.append(collector_on(hosts, "collector0", address, *AUDITED))
+            # collector1's link, through a relay, loses 5% of its chunks while
+            # collector0 is cut off, and its connections are reset after.
+            relays.append(relay_on(hosts, "collector1", address, "--impair_on_signal",
+                                   "--loss", "0.05"))
+            collectors.append(collector_on(hosts, "collector1", f"127.0.0.1:{RELAY_PORT}",
+                                           *AUDITED, env={"ALF_ASYNC_FIRST_ROW": "1000"}))
             learner.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(1)) > 0, 120,
                              "training")
             hosts.cut("collector0")
+            relays[0].send_signal(signal.SIGHUP)
             cut_step, cut_bytes = learner.train_step(), hosts.bytes_from("collector0")
             # The learner trains on from collector1 alone, and nothing of
             # collector0 gets through.
@@ -282,14 +312,33 @@ def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_fro
             time.sleep(2)
             assert hosts.bytes_from("collector0") == cut_bytes
             hosts.heal("collector0")
+            relays[0].send_signal(signal.SIGHUP)
             healed = time.monotonic()
             # collector0 sends again by itself: its experience reaches the switch.
             back = wait_until(lambda: hosts.bytes_from("collector0") > cut_bytes + 20_000, 15,
                               "collector0 back within 15 s of the heal")
             assert back - healed < 15
+            # A reset of collector1's connections (RST), refused for 1 s:
+            # it reconnects by itself too.
+            relays[0].send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            sent = hosts.bytes_from("collector1")
+            relays[0].send_signal(signal.SIGUSR2)
+            healed = time.monotonic()
+            back = wait_until(lambda: hosts.bytes_from("collector1") > sent + 20_000, 15,
+                              "collector1 back within 15 s of the reset")
+            assert back - healed < 15
             assert all(c.poll() is None for c in collectors), [c.stderr.read() for c in collectors]
         finally:
             stop_all(collectors)
             stop(learner.process)
+            stop_all(relays)
     assert learner.process.returncode == 0, learner.err[-20:]
     assert [c.returncode for c in collectors] == [0, 0]
+    assert json.loads(relays[0].stdout.read().splitlines()[-1])["cuts"] >= 1
+    # Every item is one row's consecutive steps, and no row lost a step
+    # between its first and its last.
+    audit = replay_audit.row_runs(replay_audit.read_checkpoint(
+        str(tmp_path / "replay"), REPLAY_TABLE, [VARIABLE_TABLE, STATS_TABLE]))
+    assert audit["items"] > 0 and audit["spliced"] == 0 and audit["missing"] == {}
+    assert audit["rows"] == [1, 2, 1001, 1002]
