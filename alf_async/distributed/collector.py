@@ -245,85 +245,71 @@ class VariablePullHook(Hook):
     def pull(self):
         """Fetches and assigns the variables (and reports), blocking."""
         self._last = time.monotonic()
-        helper, outcome = self._start()
-        while True:
-            helper.join(1.0)
-            if outcome:
-                break
-            if self._watch is not None:
-                self._watch.check()
-        self._finish(outcome)
+        self._assign(self._wait(self._start(self._fetch)))
 
-    def _start(self):
+    def after_iteration(self, learner, train_step_before, train_step):
+        now = time.monotonic()
+        if self._in_flight is not None:
+            running = self._in_flight
+            if running[1]:   # the helper put its outcome: _wait returns at once
+                self._in_flight = None
+                self._assign(self._wait(running))
+            elif self._watch is not None and now - self._checked >= 1.0:
+                self._checked = now
+                self._watch.check()   # raises UnreachableError after its deadline
+        elif now - self._last >= self._interval:
+            self._last = self._checked = now
+            self._in_flight = self._start(self._fetch)
+
+    def end(self, learner, stopped_by):
+        if self._in_flight is not None:   # the fetch under way ends (or the watch gives up)
+            running, self._in_flight = self._in_flight, None
+            self._assign(self._wait(running))
+        if self._reporter is not None and self._watch is not None and self._watch.check():
+            self._wait(self._start(self._reporter.report))
+
+    def _fetch(self):
+        """On the helper: the variables' latest values, then the report."""
+        values = self._container.pull(VARIABLE_TABLE)
+        if self._reporter is not None:
+            self._reporter.report()
+        return values
+
+    @staticmethod
+    def _start(fn):
+        """Runs `fn` on a helper thread; returns (the thread, a list that
+        gets `fn`'s (result, None) or (None, its error))."""
         outcome = []
 
         def target():
             try:
-                values = self._container.pull(VARIABLE_TABLE)
-                if self._reporter is not None:
-                    self._reporter.report()
-                outcome.append((values, None))
-            except BaseException as e:  # pylint: disable=broad-except  (raised in _finish)
+                outcome.append((fn(), None))
+            except BaseException as e:  # pylint: disable=broad-except  (raised in _wait)
                 outcome.append((None, e))
 
         helper = threading.Thread(target=target, name="variable_pull", daemon=True)
         helper.start()
         return helper, outcome
 
-    def _finish(self, outcome):
-        values, error = outcome[0]
+    def _wait(self, running):
+        """Joins a `_start`ed helper, checking `watch` every second; returns
+        its result or raises its error."""
+        helper, outcome = running
+        while not outcome:
+            helper.join(1.0)
+            if not outcome and self._watch is not None:
+                self._watch.check()
+        result, error = outcome[0]
         if error is not None:
             raise error
+        return result
+
+    def _assign(self, values):
         # ReverbVariableContainer.update's assignment, which it keeps private.
         tf.nest.assert_same_structure(self._variables, values, check_types=False)
         for variable, value in zip(tf.nest.flatten(self._variables), tf.nest.flatten(values)):
             variable.assign(value)
         self.pulls += 1
-
-    def after_iteration(self, learner, train_step_before, train_step):
-        now = time.monotonic()
-        if self._in_flight is not None:
-            helper, outcome = self._in_flight
-            if outcome:
-                self._in_flight = None
-                self._finish(outcome)
-            elif self._watch is not None and now - self._checked >= 1.0:
-                self._checked = now
-                self._watch.check()   # raises UnreachableError after its deadline
-        elif now - self._last >= self._interval:
-            self._last = self._checked = now
-            self._in_flight = self._start()
-
-    def end(self, learner, stopped_by):
-        if self._in_flight is not None:   # let the fetch under way end (or the watch give up)
-            helper, outcome = self._in_flight
-            while not outcome:
-                helper.join(1.0)
-                if not outcome and self._watch is not None:
-                    self._watch.check()
-            self._in_flight = None
-            self._finish(outcome)
-        if self._reporter is not None and self._watch is not None and self._watch.check():
-            self._report_on_helper()
-
-    def _report_on_helper(self):
-        outcome = []
-
-        def target():
-            try:
-                self._reporter.report()
-                outcome.append(None)
-            except BaseException as e:  # pylint: disable=broad-except  (raised below)
-                outcome.append(e)
-
-        helper = threading.Thread(target=target, name="variable_pull", daemon=True)
-        helper.start()
-        while not outcome:
-            helper.join(1.0)
-            if not outcome:
-                self._watch.check()
-        if outcome[0] is not None:
-            raise outcome[0]
 
 
 def _check_unconfirmed_unrolls(value):
