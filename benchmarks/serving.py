@@ -50,7 +50,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-
 # ---------------------------------------------------------------- clients
 
 
@@ -219,7 +218,7 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
 SERVER_PORT = 41998
 
 
-def across_a_link(args, counts):
+def across_a_link(args):
     """--latency_ms: for loopback and then each latency, runs this script
     again as the server (see main) and returns rows of (one-way latency ms
     or None for loopback, clients, p50, p99, get_action/s, requests/s,
@@ -313,7 +312,7 @@ def main():
                      f"got {args.slots_per_env}")
     if args.latency_ms is not None:
         args.slots, args.slots_per_env = slots, slots_per_env
-        rows = across_a_link(args, counts)
+        rows = across_a_link(args)
         import host_info   # pylint: disable=import-outside-toplevel  (benchmarks/)
         host = host_info.host()
         print(f"\nhost: {host_info.describe(host)}")
