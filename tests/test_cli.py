@@ -199,3 +199,24 @@ def _maps(pid):
             return f.read()
     except OSError:
         return ""
+
+
+class _Writes:
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_a_line_on_stderr_is_one_write_so_another_threads_line_cannot_land_inside_it(
+        monkeypatch):
+    # The CLI's stderr and its trainer's stdout often share one pipe; print()
+    # would write the text and its newline in two, with room between.
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    train_cli.say_on_stderr(train_cli.WRITE_FINISHED)
+    assert stderr.writes == [train_cli.WRITE_FINISHED + "\n"]

@@ -25,7 +25,8 @@ import sys
 import threading
 
 from alf_async.tf215_py311_fixes import quiet
-from alf_async.bin.train import ConfigError, check_gin_files, choose_kernels, stop_on_signals
+from alf_async.bin.train import (ConfigError, check_gin_files, choose_kernels, say_on_stderr,
+                                  stop_on_signals)
 
 PROG = "alf-async-collect"
 EXIT_UNREACHABLE = 1
@@ -48,7 +49,7 @@ def build_parser():
 
 
 def _error(message, code):
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    say_on_stderr(f"{PROG}: error: {message}")
     return code
 
 

@@ -277,8 +277,19 @@ def stop_on_signals(stop_event, ended, signals=(signal.SIGINT, signal.SIGTERM)):
             signal.signal(s, signal.SIG_IGN if ended.is_set() else h)
 
 
+def say_on_stderr(line):
+    """Writes `line` and its newline to stderr in one write.
+
+    print() writes the text and the newline in two, and stderr passes each
+    straight to the file: a line another thread printed in between (the
+    trainer's last lines, on the same pipe) lands inside ours.
+    """
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
+
 def _error(message):
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    say_on_stderr(f"{PROG}: error: {message}")
     return EXIT_CONFIG_ERROR
 
 
@@ -292,7 +303,7 @@ def main(argv=None):
         message = INTERRUPTED_BEFORE
         if training.is_set():
             message = _abandon_checkpoint_write().replace("ROOT_DIR", args.root_dir)
-        print(message, file=sys.stderr, flush=True)
+        say_on_stderr(message)
         return EXIT_INTERRUPTED
 
 
