@@ -10,7 +10,11 @@ loopback (the collectors on the learner's host, no relay).
         [--rate_kbps 0] [--seconds 20] [--rounds 1] [--json out.json] [--gin_param ...]
 
 Per row: the learner's train steps/s and env steps/s (the collectors'
-inserted steps, from its progress lines) over --seconds once it trains.
+inserted steps, from its progress lines) over --seconds once it trains,
+and the variable age the collectors act with: how many train steps their
+variables were behind the learner's at their reports (the learner's
+Collectors/variable_age summaries over those seconds: the median of its
+mean over collectors, and the largest of any collector).
 Rows run one after the other (loopback first for each K); run it alone.
 """
 
@@ -23,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import tensorflow as tf
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -43,6 +49,22 @@ def counts(learner):
         if m:
             return int(m.group(1)), int(m.group(2))
     return 0, 0
+
+
+def variable_ages(root_dir, first_step):
+    """(median Collectors/variable_age, max Collectors/variable_age_max) of
+    the learner's summaries at train steps >= `first_step` (None: none)."""
+    points = {"Collectors/variable_age": [], "Collectors/variable_age_max": []}
+    pattern = os.path.join(root_dir, "train", "events.out.tfevents.*")
+    for path in sorted(tf.io.gfile.glob(pattern)):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag in points and event.step >= first_step:
+                    points[value.tag].append(float(tf.make_ndarray(value.tensor)))
+    if not points["Collectors/variable_age"]:
+        return None, None
+    return (statistics.median(points["Collectors/variable_age"]),
+            max(points["Collectors/variable_age_max"]))
 
 
 def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
@@ -71,10 +93,17 @@ def one_row(num_collectors, latency_ms, rate_kbps, seconds, params):
         finally:
             stop_all(procs)
             stop(learner.process)
+        age, age_max = variable_ages(root_dir, train0)
     return dict(collectors=num_collectors, latency_ms=latency_ms, rate_kbps=rate_kbps,
                 train_steps_per_sec=(train1 - train0) / secs,
-                env_steps_per_sec=(env1 - env0) / secs, all_alive=alive,
+                env_steps_per_sec=(env1 - env0) / secs, variable_age=age,
+                variable_age_max=age_max, all_alive=alive,
                 learner_exit=learner.process.returncode)
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values):.1f}" if values else "none"
 
 
 def main():
@@ -103,11 +132,13 @@ def main():
                 print(f"round {round_index} K={k} "
                       f"{'loopback' if latency is None else f'{latency:g} ms one-way'}: "
                       f"train steps/s {row['train_steps_per_sec']:.1f}, env steps/s "
-                      f"{row['env_steps_per_sec']:.0f}, all alive {row['all_alive']}",
+                      f"{row['env_steps_per_sec']:.0f}, variable age {row['variable_age']} "
+                      f"(max {row['variable_age_max']}), all alive {row['all_alive']}",
                       flush=True)
     print(f"\nmedians of {args.rounds} round(s); the ratio is each round's against its own "
           f"loopback row, then the median")
-    print(f"{'K':>2} {'link':>16} {'train steps/s':>14} {'vs loopback':>12} {'env steps/s':>12}")
+    print(f"{'K':>2} {'link':>16} {'train steps/s':>14} {'vs loopback':>12} {'env steps/s':>12} "
+          f"{'variable age':>13}")
     for k in args.collectors:
         for latency in links:
             mine = [r for r in rows if r["collectors"] == k and r["latency_ms"] == latency]
@@ -120,7 +151,8 @@ def main():
             print(f"{k:>2} {link:>16} "
                   f"{statistics.median(r['train_steps_per_sec'] for r in mine):>14.1f} "
                   f"{statistics.median(ratios):>11.2f}x "
-                  f"{statistics.median(r['env_steps_per_sec'] for r in mine):>12.0f}")
+                  f"{statistics.median(r['env_steps_per_sec'] for r in mine):>12.0f} "
+                  f"{_median_or_none([r['variable_age'] for r in mine]):>13}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(host=host_info.host(), args=vars(args), rows=rows), f, indent=1)

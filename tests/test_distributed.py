@@ -302,7 +302,8 @@ def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_t
         num_collectors=0, address="unused", config_path="unused", root_dir=str(tmp_path),
         print_fn=print, seed=None, max_restarts=0, restart_window_secs=1.0, stop_grace_secs=1.0)
     # 8 samples per iteration, none in flight; min_diff = 2 x 10 - 20 = 0.
-    feed = ReplayFeed(client, 8, 0, none)
+    train_step = tf.Variable(30, dtype=tf.int64)
+    feed = ReplayFeed(client, 8, 0, none, train_step=train_step)
     feed.check_schedule()
     feed.start()
     try:
@@ -312,9 +313,9 @@ def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_t
         for i in range(9):
             client.insert({"x": np.float32(i)}, {REPLAY_TABLE: 1.0})
         for report in ({"collector": 0, "episodes": 2, "env_steps": 30, "average_return": 10.0,
-                        "average_length": 15.0},
+                        "average_length": 15.0, "policy_step": 24},
                        {"collector": 1, "episodes": 1, "env_steps": 20, "average_return": 20.0,
-                        "average_length": 25.0}):
+                        "average_length": 25.0, "policy_step": 30}):
             client.insert({k: np.asarray(v, collector.STATS_SIGNATURE[k].dtype.as_numpy_dtype)
                            for k, v in report.items()}, {collector.STATS_TABLE: 1.0})
         waiting.join(0.5)
@@ -325,6 +326,10 @@ def test_feed_waits_for_the_rate_limiter_counts_reports_and_stops_from_another_t
         values = {m.name: float(m.result()) for m in feed.get_metrics()}
         assert values == {"NumberOfEpisodes": 3.0, "EnvironmentSteps": 50.0,
                           "AverageReturn": 15.0, "AverageEpisodeLength": 20.0}
+        # Each collector's variables were this many train steps behind when read.
+        assert feed.variable_ages() == {0: 6, 1: 0}
+        health = feed.health().scalars(1)
+        assert (health["Collectors/variable_age"], health["Collectors/variable_age_max"]) == (3, 6)
         # Nothing sampled, so the next call is ready too (returns 0 new steps).
         assert feed.run_async() == 0
         list(client.sample(REPLAY_TABLE, num_samples=16))  # 10 x 2 - 16 - 8 < 0: not ready

@@ -92,6 +92,7 @@ STATS_SIGNATURE = {
     "env_steps": tf.TensorSpec([], tf.int64),        # since the last report
     "average_return": tf.TensorSpec([], tf.float32),  # of the collector's last 10 episodes
     "average_length": tf.TensorSpec([], tf.float32),
+    "policy_step": tf.TensorSpec([], tf.int64),      # train step of the variables it acts with
 }
 
 
@@ -102,14 +103,18 @@ def stats_table(max_size=STATS_QUEUE_SIZE):
 
 class StatsReporter(object):
     """Sends the collector's metrics to the learner's `collector_stats` table:
-    episodes and env steps since the last report, the current averages
-    (collector's thread; `report` does not block: a full queue drops the
-    report, as the learner only reads the latest averages anyway)."""
+    episodes and env steps since the last report, the current averages, and
+    the train step of the variables the collector acts with (`train_step`,
+    which its pulls assign; the learner reports the variable age from it).
+    `report` runs on the pull's helper thread and does not block: a full
+    queue drops the report, as the learner only reads the latest values
+    anyway."""
 
-    def __init__(self, client, collector_id, driver_metrics):
+    def __init__(self, client, collector_id, driver_metrics, train_step):
         self._client = client
         self._id = int(collector_id)
         self._metrics = {m.name: m for m in driver_metrics}
+        self._train_step = train_step
         self._sent = {"NumberOfEpisodes": 0, "EnvironmentSteps": 0}
 
     def report(self):
@@ -123,6 +128,7 @@ class StatsReporter(object):
             "env_steps": np.int64(totals["EnvironmentSteps"] - self._sent["EnvironmentSteps"]),
             "average_return": np.float32(self._metrics["AverageReturn"].result()),
             "average_length": np.float32(self._metrics["AverageEpisodeLength"].result()),
+            "policy_step": np.int64(self._train_step.numpy()),
         }
         try:
             if self._client.server_info(timeout=5)[STATS_TABLE].current_size >= \
@@ -496,8 +502,8 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
                                    unconfirmed_unrolls)])
     container = reverb_variable_container.ReverbVariableContainer(
         replay_address, table_names=[VARIABLE_TABLE])
-    reporter = (StatsReporter(client, collector_id, driver.get_metrics()) if has_stats
-                else None)
+    reporter = (StatsReporter(client, collector_id, driver.get_metrics(), train_step)
+                if has_stats else None)
     hook = VariablePullHook(container, policy_variables(agent.collect_policy, train_step),
                             variable_update_interval, reporter, watch)
     hooks = [hook]

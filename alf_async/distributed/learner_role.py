@@ -189,6 +189,9 @@ class ReplayFeed(object):
         collectors: the launcher (`launcher.LocalCollectors` or
             `RayCollectors`), not started.
         poll_secs: seconds between polls of the server while waiting.
+        train_step: the learner's train step variable; with it, each report's
+            `policy_step` gives that collector's variable age (train steps
+            behind the learner when the report is read, `variable_ages`).
 
     Threads: `start`, `run_async`, `get_metrics`, `get_step_metrics`,
     `health` on the learner's thread; `stop()` from any thread (idempotent;
@@ -198,7 +201,7 @@ class ReplayFeed(object):
     """
 
     def __init__(self, client, samples_per_iteration, samples_in_flight, collectors,
-                 poll_secs=0.005):
+                 poll_secs=0.005, train_step=None):
         self._client = client
         self._needed = samples_per_iteration + samples_in_flight
         self._collectors = collectors
@@ -213,6 +216,8 @@ class ReplayFeed(object):
         self._env_steps = ReportedCount("EnvironmentSteps")
         self._return = ReportedAverage("AverageReturn")
         self._length = ReportedAverage("AverageEpisodeLength")
+        self._train_step = train_step
+        self._ages = {}  # {collector: train steps behind, at its latest report}
 
     @property
     def collectors(self):
@@ -291,9 +296,17 @@ class ReplayFeed(object):
             self._episodes.add(report["episodes"])
             self._env_steps.add(report["env_steps"])
             self._pending_steps += int(report["env_steps"])
+            if self._train_step is not None:
+                self._ages[int(report["collector"])] = (int(self._train_step.numpy()) -
+                                                        int(report["policy_step"]))
             if report["episodes"] > 0 or report["average_return"] != 0:
                 self._return.set(report["collector"], report["average_return"])
                 self._length.set(report["collector"], report["average_length"])
+
+    def variable_ages(self):
+        """{collector id: how many train steps its variables were behind the
+        learner's at its latest report} (empty without `train_step`)."""
+        return dict(self._ages)
 
     def get_metrics(self):
         return [self._episodes, self._env_steps, self._return, self._length]
@@ -302,7 +315,7 @@ class ReplayFeed(object):
         return [self._episodes, self._env_steps]
 
     def health(self):
-        return FeedHealth(self._client, self._collectors)
+        return FeedHealth(self._client, self._collectors, self.variable_ages)
 
     def stop(self):
         """Stops waiting and stops the collectors (blocks up to the launcher's
@@ -321,12 +334,15 @@ class FeedHealth(object):
     Replay/inserts_per_sec, Replay/samples_per_sec, Replay/samples_per_insert
     (observed over the interval since the previous call at an earlier train
     step, `RateInterval`; a call at the same train step has none),
-    Collectors/restarts. `scalars` runs on the learner's thread and blocks
-    for one `server_info` call at most."""
+    Collectors/restarts, and with reports of the variables' train step,
+    Collectors/variable_age (their mean over collectors, `variable_ages`)
+    and Collectors/variable_age_max. `scalars` runs on the learner's thread
+    and blocks for one `server_info` call at most."""
 
-    def __init__(self, client, collectors):
+    def __init__(self, client, collectors, variable_ages=dict):
         self._client = client
         self._collectors = collectors
+        self._variable_ages = variable_ages
         self._interval = RateInterval()
 
     def scalars(self, train_step):
@@ -344,6 +360,10 @@ class FeedHealth(object):
             if inserts > 0:
                 scalars["Replay/samples_per_insert"] = samples / inserts
         scalars["Collectors/restarts"] = self._collectors.restarts
+        ages = list(self._variable_ages().values())
+        if ages:
+            scalars["Collectors/variable_age"] = float(np.mean(ages))
+            scalars["Collectors/variable_age_max"] = max(ages)
         return scalars
 
 
@@ -518,7 +538,8 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
             launcher_name, num_collectors, server.local_address, config_path, root_dir,
             print_fn=print_fn, seed=seed)
         in_flight = getattr(replayer, "max_in_flight_samples", 0)
-        feed = ReplayFeed(replayer.client, samples_per_iteration, in_flight, collectors)
+        feed = ReplayFeed(replayer.client, samples_per_iteration, in_flight, collectors,
+                          train_step=train_step)
         feed.check_schedule()
     except BaseException:
         if replayer is not None:
