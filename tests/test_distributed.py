@@ -22,6 +22,7 @@ reverb = pytest.importorskip("reverb")
 psutil = pytest.importorskip("psutil")
 
 import numpy as np  # noqa: E402
+import portpicker  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from alf_async.distributed import collector, launcher, learner_role  # noqa: E402
@@ -292,6 +293,31 @@ def _server():
     table = replay_table(spec, 1, max_size=1000, samples_per_insert=2.0, min_size=10,
                          error_buffer=20.0)
     return reverb.Server([table, collector.stats_table()])
+
+
+@pytest.mark.timeout(30)
+def test_a_resumed_learner_listens_on_its_last_port_unless_it_is_taken(tmp_path):
+    # Collectors started by hand keep --replay_address: a resumed learner
+    # (root_dir/replay_address) comes back on its port.
+    assert learner_role.previous_port(str(tmp_path)) is None
+    (tmp_path / learner_role.ADDRESS_FILE).write_text("10.213.0.1:41234\n")
+    assert learner_role.previous_port(str(tmp_path)) == 41234
+
+    def server(previous):
+        return learner_role.LearnerServer(
+            {"x": tf.TensorSpec([], tf.float32)}, 2, {"v": tf.Variable(0.0)},
+            str(tmp_path / "replay"), previous_port=previous)
+
+    free = portpicker.pick_unused_port()
+    first = server(free)
+    try:
+        assert (first.port, first.moved_from) == (free, None)
+        # Still held (by a learner that did not exit): another port, said.
+        second = server(free)
+        assert second.port != free and second.moved_from == free
+        second.stop()
+    finally:
+        first.stop()
 
 
 @pytest.mark.timeout(30)

@@ -104,23 +104,36 @@ class LearnerServer(object):
         sequence_length: steps per replay item.
         variables: the nest `collector.policy_variables` pushes.
         checkpoint_dir: Reverb's checkpoints (restored at start if any).
-        port: the port (None: a free one).
+        port: the port (None: `previous_port` if it is free, else a free one).
         advertised_host: the host name collectors use (None: socket.gethostname()).
         unrolls: a queue of unrolls (`unroll_table`) instead of the replay table.
+        previous_port: the port of the run's last learner (`previous_port()`
+            of its root_dir), tried first when `port` is None, so that
+            collectors started by hand come back to a resumed learner.
 
     Attributes:
         address: 'HOST:PORT' for collectors anywhere.
         local_address: 'localhost:PORT' for this machine's collectors.
         advertised: whether `advertised_host` was given (remote collectors
             chosen explicitly).
+        moved_from: `previous_port` if it was taken (the server then
+            listens on another), else None.
     """
 
     def __init__(self, data_spec, sequence_length, variables, checkpoint_dir, port=None,
-                 advertised_host=None, unrolls=False):
-        port = port or portpicker.pick_unused_port()
+                 advertised_host=None, unrolls=False, previous_port=None):
         table = (unroll_table(data_spec, sequence_length) if unrolls else
                  replay_table(data_spec, sequence_length, learner_in_process=False))
         tables = [table, variable_table(variables), stats_table()]
+        self.moved_from = None
+        if port is None and previous_port:
+            # Checked with a plain bind first: gRPC binds with SO_REUSEPORT,
+            # so it would share the port with a learner still holding it.
+            if portpicker.is_port_free(previous_port):
+                port = previous_port
+            else:
+                self.moved_from = previous_port
+        port = port or portpicker.pick_unused_port()
         try:
             with quiet.reverb_info_dropped():
                 self.server = reverb.Server(
@@ -414,6 +427,15 @@ def exposure_line(port, remote):
             f"'Across a network')")
 
 
+def previous_port(root_dir):
+    """The port in root_dir/replay_address (the run's last learner), or None."""
+    try:
+        with open(os.path.join(root_dir, ADDRESS_FILE)) as f:
+            return int(f.read().strip().rsplit(":", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class AddressAnnouncement(Hook):
     """Prints who can reach the learner's port (`exposure_line`) and the
     address collectors use, and writes that address to
@@ -517,7 +539,11 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
         data_spec = agent.collect_data_spec
         length = agent.train_sequence_length or 2
     server = LearnerServer(data_spec, length, variables, os.path.join(root_dir, "replay"),
-                           unrolls=unrolls)
+                           unrolls=unrolls, previous_port=previous_port(root_dir))
+    if server.moved_from:
+        print_fn(f"[alf_async] port {server.moved_from} of this run's last learner "
+                 f"({os.path.join(root_dir, ADDRESS_FILE)}) is taken: listening on "
+                 f"{server.port}; collectors started by hand need the new address")
     replayer = None
     try:
         table = reverb.Client(server.local_address).server_info(timeout=10)[REPLAY_TABLE]
