@@ -26,11 +26,15 @@ across a link: loopback's first, then per L the server on one test host
 (a network namespace, alf_async.testing.netns) and the client process on
 another, connecting through a relay on its own loopback that delays each
 direction by L ms (alf_async.testing.relay), so RTT = 2 L; each row is
-printed beside loopback's at its client count.
+printed beside loopback's at its client count. With --stalled N each link's
+rows run again while N more clients stall on the same link, from a process
+of their own: half mid-episode (one get_action, then silence, holding a
+slot), half mid-request (a get_action sent a byte per 100 ms, never
+finished); the others must not slow down.
 
     python benchmarks/serving.py [--seconds 8] [--clients 1,4,16] [--slots N]
                                  [--slots_per_env K] [--in_process]
-                                 [--latency_ms 5 20] [--json out.json]
+                                 [--latency_ms 5 20 [--stalled N]] [--json out.json]
 
 Prints a markdown table: clients, get_action p50 and p99 (ms), get_action/s,
 requests/s (all commands), client threads that failed (should be 0).
@@ -114,6 +118,64 @@ def client_worker(address, num_clients, seconds, steps):
                            lambda x: x.tolist()), sys.stdout)
 
 
+def stalled_worker(address, num_stalled, seconds):
+    """Runs in a client process of its own: `num_stalled` clients that stall
+    for `seconds`, half of them mid-episode (start_episode and one
+    get_action, then silence: the episode holds its slot), half mid-request
+    (a get_action's bytes sent one every 100 ms, never finished)."""
+    import socket   # pylint: disable=import-outside-toplevel
+    from urllib.parse import urlsplit   # pylint: disable=import-outside-toplevel
+    from alf_async.serving.client import PolicyClient  # pylint: disable=import-outside-toplevel
+    deadline = time.monotonic() + seconds
+    clients, sockets = [], []
+    for _ in range(num_stalled - num_stalled // 2):
+        client = PolicyClient(address)
+        client.get_action(client.start_episode(), [0.0, 0.0, 0.0, 0.0])
+        clients.append(client)
+    url = urlsplit(address)
+    body = b'{"command": "get_action", "episode_id": "x", "observation": [0, 0, 0, 0]}'
+    request = (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    for _ in range(num_stalled // 2):
+        sockets.append(socket.create_connection((url.hostname, url.port), timeout=5))
+    print("stalled", flush=True)
+    sent = 0
+    while time.monotonic() < deadline and sent < len(request) - 1:
+        for sock in sockets:
+            try:
+                sock.send(request[sent:sent + 1])
+            except OSError:
+                pass  # closed by the server's idle timeout: that is its defence
+        sent += 1
+        time.sleep(0.1)
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    for sock in sockets:
+        sock.close()
+    for client in clients:
+        client.close()
+
+
+@contextlib.contextmanager
+def stalled_clients(address, num_stalled, seconds, netns=None):
+    """stalled_worker in a child process (in `netns`), for the block once
+    its clients stall."""
+    if not num_stalled:
+        yield
+        return
+    cmd = [sys.executable, os.path.abspath(__file__), "--stalled_worker", "--address", address,
+           "--stalled", str(num_stalled), "--seconds", str(seconds)]
+    if netns is not None:
+        cmd = ["ip", "netns", "exec", netns] + cmd
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # pylint: disable=consider-using-with
+    try:
+        if proc.stdout.readline().strip() != "stalled":
+            raise RuntimeError(f"the stalled clients failed (exit code {proc.wait()})")
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def run_clients(address, num_clients, seconds, steps, netns=None):
     """Runs client_worker in a child process (inside network namespace
     `netns`, if given); returns its measurements."""
@@ -151,11 +213,13 @@ def driver_layout(slots, slots_per_env):
 
 
 def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_process=False,
-                      host="127.0.0.1", port=0, client_netns=None, client_address=None):
+                      host="127.0.0.1", port=0, client_netns=None, client_address=None,
+                      stalled=0):
     """Serves on `host`:`port` and measures each client count in turn; the
     clients run in `client_netns` (None: this one) and connect to
-    `client_address` (None: the server's own address). Returns rows of
-    (clients, p50 ms, p99 ms, get_action/s, requests/s, client errors)."""
+    `client_address` (None: the server's own address), while `stalled`
+    clients stall (`stalled_worker`). Returns rows of (clients, p50 ms, p99
+    ms, get_action/s, requests/s, client errors)."""
     # pylint: disable=import-outside-toplevel
     import gym
     import tensorflow as tf
@@ -201,7 +265,9 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
         if warm["errors"]:
             print(f"warm-up client errors: {warm['errors']}", file=sys.stderr)
         for n in client_counts:
-            r = clients(n, seconds)
+            with stalled_clients(client_address or server.address, stalled, seconds + 30,
+                                 client_netns):
+                r = clients(n, seconds)
             lat = np.asarray(r["latencies"]) * 1e3
             rows.append((n, np.percentile(lat, 50), np.percentile(lat, 99),
                          len(lat) / r["elapsed"], r["requests"] / r["elapsed"],
@@ -219,12 +285,14 @@ SERVER_PORT = 41998
 
 
 def across_a_link(args):
-    """--latency_ms: for loopback and then each latency, runs this script
-    again as the server (see main) and returns rows of (one-way latency ms
-    or None for loopback, clients, p50, p99, get_action/s, requests/s,
-    errors). Across a link the server is on test host 'server' and the
-    clients on host 'client', connecting to a relay on their own loopback
-    that adds the latency each way (alf_async.testing.relay)."""
+    """--latency_ms: for loopback and then each latency (each without and
+    then with --stalled clients, if any), runs this script again as the
+    server (see main) and returns rows of (one-way latency ms or None for
+    loopback, clients, p50, p99, get_action/s, requests/s, errors, stalled
+    clients). Across a link the server is on test host 'server' and the
+    clients, stalled ones too, on host 'client', connecting to a relay on
+    their own loopback that adds the latency each way
+    (alf_async.testing.relay)."""
     # pylint: disable=import-outside-toplevel
     import tempfile
     from alf_async.testing.netns import TestHosts, unavailable
@@ -237,17 +305,20 @@ def across_a_link(args):
             "--seconds", str(args.seconds), "--steps", str(args.steps),
             "--slots", str(args.slots), "--slots_per_env", str(args.slots_per_env)]
     rows = []
+    runs = [(latency, stalled) for latency in [None] + list(args.latency_ms)
+            for stalled in sorted({0, args.stalled})]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        for latency in [None] + list(args.latency_ms):
+        for latency, stalled in runs:
+            server = base + ["--stalled", str(stalled)]
             if latency is None:
-                subprocess.run(base + ["--json", out], check=True, stdout=subprocess.DEVNULL)
+                subprocess.run(server + ["--json", out], check=True, stdout=subprocess.DEVNULL)
             else:
                 with TestHosts(["server", "client"]) as hosts:
                     target = f"{hosts.address('server')}:{SERVER_PORT}"
                     relay = relay_on(hosts, "client", target, "--delay_ms", str(latency))
                     try:
-                        hosts.run("server", base + [
+                        hosts.run("server", server + [
                             "--host", hosts.address("server"), "--port", str(SERVER_PORT),
                             "--client_netns", hosts.namespace("client"),
                             "--client_address", f"http://127.0.0.1:{RELAY_PORT}",
@@ -256,21 +327,22 @@ def across_a_link(args):
                         relay.terminate()
                         relay.wait(30)
             with open(out) as f:
-                rows += [[latency] + row for row in json.load(f)]
+                rows += [[latency] + row + [stalled] for row in json.load(f)]
     return rows
 
 
 def print_link_rows(rows):
-    """The --latency_ms table: each row beside loopback's at its client count."""
-    loopback = {row[1]: row for row in rows if row[0] is None}
-    print("| one-way latency | clients | p50 (ms) | p99 (ms) | p99 - RTT (ms) | get_action/s "
-          "| x loopback | client errors |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for latency, n, p50, p99, actions, _, errors in rows:
+    """The --latency_ms table: each row beside loopback's (without stalled
+    clients) at its client count."""
+    loopback = {row[1]: row for row in rows if row[0] is None and not row[7]}
+    print("| one-way latency | stalled clients | clients | p50 (ms) | p99 (ms) | p99 - RTT (ms) "
+          "| get_action/s | x loopback | client errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for latency, n, p50, p99, actions, _, errors, stalled in rows:
         where = "loopback" if latency is None else f"{latency:g} ms"
         over = p99 - 2 * (latency or 0.0)
-        print(f"| {where} | {n:.0f} | {p50:.2f} | {p99:.2f} | {over:.2f} | {actions:,.0f} "
-              f"| {actions / loopback[n][4]:.2f} | {errors:.0f} |")
+        print(f"| {where} | {stalled} | {n:.0f} | {p50:.2f} | {p99:.2f} | {over:.2f} "
+              f"| {actions:,.0f} | {actions / loopback[n][4]:.2f} | {errors:.0f} |")
 
 
 def main():
@@ -291,8 +363,12 @@ def main():
                         help="across a link (root and ip netns needed): loopback's rows, "
                              "then for each one-way latency the server on one test host "
                              "and the clients on another, behind a relay")
+    parser.add_argument("--stalled", type=int, default=0,
+                        help="with --latency_ms: each link's rows again while this many more "
+                             "clients stall on it, half mid-episode, half mid-request")
     parser.add_argument("--json", default=None, help="write the rows here as JSON")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stalled_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -302,9 +378,15 @@ def main():
     if args.worker:
         client_worker(args.address, int(args.clients), args.seconds, args.steps)
         return
+    if args.stalled_worker:
+        stalled_worker(args.address, args.stalled, args.seconds)
+        return
+    if args.stalled < 0:
+        parser.error(f"--stalled must be >= 0, got {args.stalled}")
     counts = [int(c) for c in args.clients.split(",")]
-    slots = args.slots or max(16, max(counts))
-    if max(counts) > slots:
+    # The clients stalled mid-episode hold a slot each.
+    slots = args.slots or max(16, max(counts)) + args.stalled - args.stalled // 2
+    if max(counts) + args.stalled - args.stalled // 2 > slots:
         parser.error(f"at most {slots} clients (one slot each)")
     slots_per_env = args.slots_per_env or slots
     if slots_per_env < 1 or slots % slots_per_env:
@@ -326,7 +408,7 @@ def main():
         return
     rows = serve_and_measure(counts, args.seconds, args.steps, slots, slots_per_env,
                              args.in_process, args.host, args.port, args.client_netns,
-                             args.client_address)
+                             args.client_address, args.stalled)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([list(map(float, row)) for row in rows], f)
