@@ -296,6 +296,38 @@ def _server():
 
 
 @pytest.mark.timeout(30)
+def test_a_stats_table_restored_without_policy_step_still_gets_reports_and_no_ages(tmp_path):
+    # A learner resumed from a replay checkpoint keeps that checkpoint's
+    # stats table signature, which may predate the policy_step field.
+    from tf_agents.metrics import tf_metrics
+    old = {k: v for k, v in collector.STATS_SIGNATURE.items() if k != "policy_step"}
+    server = reverb.Server([replay_table({"x": tf.TensorSpec([], tf.float32)}, 1, max_size=10,
+                                         samples_per_insert=2.0, min_size=1, error_buffer=20.0),
+                            reverb.Table.queue(collector.STATS_TABLE, 10, signature=old)])
+    client = reverb.Client(f"localhost:{server.port}")
+    metrics = [tf_metrics.NumberOfEpisodes(), tf_metrics.EnvironmentSteps(),
+               tf_metrics.AverageReturnMetric(), tf_metrics.AverageEpisodeLengthMetric()]
+    metrics[0].number_episodes.assign(2)
+    metrics[1].environment_steps.assign(30)
+    collector.StatsReporter(client, 3, metrics, tf.Variable(24, dtype=tf.int64)).report()
+    none = launcher.LocalCollectors(
+        num_collectors=0, address="unused", config_path="unused", root_dir=str(tmp_path),
+        print_fn=print, seed=None, max_restarts=0, restart_window_secs=1.0, stop_grace_secs=1.0)
+    feed = ReplayFeed(client, 1, 0, none, train_step=tf.Variable(30, dtype=tf.int64))
+    feed.start()
+    try:
+        client.insert({"x": np.float32(0)}, {REPLAY_TABLE: 1.0})
+        assert feed.run_async() == 30
+        assert {m.name: float(m.result()) for m in feed.get_step_metrics()} == {
+            "NumberOfEpisodes": 2.0, "EnvironmentSteps": 30.0}
+        assert feed.variable_ages() == {}
+        assert "Collectors/variable_age" not in feed.health().scalars(1)
+    finally:
+        feed.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(30)
 def test_a_resumed_learner_listens_on_its_last_port_unless_it_is_taken(tmp_path):
     # Collectors started by hand keep --replay_address: a resumed learner
     # (root_dir/replay_address) comes back on its port.

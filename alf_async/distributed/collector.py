@@ -131,10 +131,13 @@ class StatsReporter(object):
             "policy_step": np.int64(self._train_step.numpy()),
         }
         try:
-            if self._client.server_info(timeout=5)[STATS_TABLE].current_size >= \
-                    STATS_QUEUE_SIZE - 1:
+            table = self._client.server_info(timeout=5)[STATS_TABLE]
+            if table.current_size >= STATS_QUEUE_SIZE - 1:
                 return  # nobody drains it (a learner that stopped): drop, never block
-            self._client.insert(item, {STATS_TABLE: 1.0})
+            # A learner resumed from a replay checkpoint keeps the stats
+            # table's signature from that checkpoint, which may predate a field.
+            self._client.insert({k: v for k, v in item.items() if k in table.signature},
+                                {STATS_TABLE: 1.0})
         except _CONNECTION_ERRORS:
             return  # the server is gone: ServerWatch says when to give up
         self._sent = totals

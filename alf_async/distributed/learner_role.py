@@ -309,7 +309,7 @@ class ReplayFeed(object):
             self._episodes.add(report["episodes"])
             self._env_steps.add(report["env_steps"])
             self._pending_steps += int(report["env_steps"])
-            if self._train_step is not None:
+            if self._train_step is not None and "policy_step" in report:
                 self._ages[int(report["collector"])] = (int(self._train_step.numpy()) -
                                                         int(report["policy_step"]))
             if report["episodes"] > 0 or report["average_return"] != 0:
