@@ -10,7 +10,9 @@ with no wait for actions.
              for the slowest of the N.
   alf_async  --layouts env threads x envs, the same suite_gym environments
              (declaring blocking_step = True, so env threads step them from
-             Python), one actor with dynamic batching, unroll 8.
+             Python), one actor with dynamic batching, unroll 8; a
+             layout ending in :0 (1x32:0) has no actor: each env thread
+             acts itself (num_actor_queues=0).
 
   ceiling    no policy and no TF: one plain Python thread per environment,
              stepping it with a fixed action and reporting to one loop that
@@ -38,7 +40,7 @@ the fractions of the bound and of the ceiling. TF's thread pools are
 process-wide, so --intra_op_threads/--inter_op_threads apply to both sides.
 
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
-        [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8] [--rounds 3]
+        [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8 1x32:0] [--rounds 3]
         [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0] [--processes]
 """
 
@@ -117,7 +119,7 @@ def lockstep_round(policy, args, seconds):
 
 
 def async_round(policy, args, layout, seconds):
-    threads, per_thread = layout
+    threads, per_thread, actor_queues = layout
     if args.processes:
         # Seeds by env index in the children: subprocess_env_constructor
         # numbers them 10_000, 10_001, ...
@@ -131,7 +133,7 @@ def async_round(policy, args, layout, seconds):
             return slow_envs([next(seeds) for _ in range(per_thread)], args.mean_ms / 1000,
                              args.dist)
     return measure_driver(AsyncOffPolicyDriver(
-        env_constructor, policy, num_envs=threads, num_actor_queues=1, actor_queue_cap=threads,
+        env_constructor, policy, num_envs=threads, num_actor_queues=actor_queues, actor_queue_cap=threads,
         learn_queue_cap=threads, unroll_length=8), seconds)
 
 
@@ -214,8 +216,10 @@ def process_ceiling_round(args, seconds):
 
 
 def parse_layout(text):
-    threads, per_thread = (int(x) for x in text.split("x"))
-    return threads, per_thread
+    """'1x48' -> (1, 48, 1 actor queue); '1x48:0' -> (1, 48, 0: acting in the env threads)."""
+    shape, _, queues = text.partition(":")
+    threads, per_thread = (int(x) for x in shape.split("x"))
+    return threads, per_thread, int(queues or 1)
 
 
 def main():
@@ -234,12 +238,12 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     layouts = [parse_layout(x) for x in args.layouts]
-    for threads, per_thread in layouts:
+    for threads, per_thread, _ in layouts:
         if threads * per_thread != args.num_envs:
             parser.error(f"layout {threads}x{per_thread} is not {args.num_envs} environments")
     bound = args.num_envs / (args.mean_ms / 1000)
     policy = dqn_collect_policy(tf_py_environment.TFPyEnvironment(suite_gym.load(ENV)))
-    names = ["lockstep"] + [f"alf_async {t}x{b}" for t, b in layouts] + ["ceiling"]
+    names = ["lockstep"] + [f"alf_async {x}" for x in args.layouts] + ["ceiling"]
     rows = {name: [] for name in names}
     for r in range(args.rounds):
         rows["lockstep"].append(lockstep_round(policy, args, args.seconds))
