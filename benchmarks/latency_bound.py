@@ -133,8 +133,8 @@ def async_round(policy, args, layout, seconds):
             return slow_envs([next(seeds) for _ in range(per_thread)], args.mean_ms / 1000,
                              args.dist)
     return measure_driver(AsyncOffPolicyDriver(
-        env_constructor, policy, num_envs=threads, num_actor_queues=actor_queues, actor_queue_cap=threads,
-        learn_queue_cap=threads, unroll_length=8), seconds)
+        env_constructor, policy, num_envs=threads, num_actor_queues=actor_queues,
+        actor_queue_cap=threads, learn_queue_cap=threads, unroll_length=8), seconds)
 
 
 def seeded_slow_env(mean_secs, dist):
