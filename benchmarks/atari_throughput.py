@@ -51,7 +51,7 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import suites
 from alf_async.learning import agents
 from usage import (Usage, measure_driver, measure_dynamic_step_driver,  # benchmarks/ is this script's directory
-                   measure_env_only)
+                   measure_env_only, parse_layout)
 
 NUM_ENVS = 16
 GAMES = {"inprocess": "ALE/Breakout-v5", "subprocess": "ALE/Breakout-v5",
@@ -129,13 +129,6 @@ def inference_round(policy, spec, batch, seconds):
         action(step).numpy()
         rows += batch
     return usage.per_step(rows)
-
-
-def parse_layout(text):
-    """'2x8' -> (2, 8, 1 actor queue); '2x8:0' -> (2, 8, 0: acting in the env threads)."""
-    shape, _, queues = text.partition(":")
-    threads, per_thread = (int(x) for x in shape.split("x"))
-    return threads, per_thread, int(queues or 1)
 
 
 def layout_name(layout):

@@ -64,7 +64,8 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import (close_subprocess_envs, create_subprocess_envs,
                                     subprocess_env_constructor)
 from alf_async.testing.policies import dqn_collect_policy
-from usage import Usage, measure_driver, measure_dynamic_step_driver  # benchmarks/ is this script's directory
+from usage import (Usage, measure_driver, measure_dynamic_step_driver,  # benchmarks/ is this script's directory
+                   parse_layout)
 
 ENV = "CartPole-v0"
 
@@ -213,13 +214,6 @@ def process_ceiling_round(args, seconds):
         poll.close()
         close_subprocess_envs(envs)
     return result
-
-
-def parse_layout(text):
-    """'1x48' -> (1, 48, 1 actor queue); '1x48:0' -> (1, 48, 0: acting in the env threads)."""
-    shape, _, queues = text.partition(":")
-    threads, per_thread = (int(x) for x in shape.split("x"))
-    return threads, per_thread, int(queues or 1)
 
 
 def main():

@@ -35,7 +35,7 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.environments.gym_batch import BatchedGymEnv
 from alf_async.testing.policies import dqn_collect_policy
 import host_info  # benchmarks/ is this script's directory
-from usage import measure_driver, measure_dynamic_step_driver, measure_env_only
+from usage import measure_driver, measure_dynamic_step_driver, measure_env_only, parse_layout
 
 ENV = "CartPole-v0"
 NUM_ENVS = 64
@@ -64,13 +64,6 @@ def async_round(policy, env_constructor, layout, seconds):
     return measure_driver(AsyncOffPolicyDriver(
         lambda: env_constructor(per_thread), policy, num_envs=threads, num_actor_queues=queues,
         actor_queue_cap=threads, learn_queue_cap=threads, unroll_length=16), seconds)
-
-
-def parse_layout(text):
-    """'2x32' -> (2, 32, 1 actor queue); '2x32:0' -> (2, 32, 0: acting in the env threads)."""
-    shape, _, queues = text.partition(":")
-    threads, per_thread = (int(x) for x in shape.split("x"))
-    return threads, per_thread, int(queues or 1)
 
 
 def main():

@@ -136,3 +136,12 @@ def measure_env_only(py_env, seconds, seed=0):
             i += 1
         steps += 16 * py_env.batch_size
     return usage.per_step(steps)
+
+
+def parse_layout(text):
+    """A collection benchmark's --layouts entry: '2x8' -> (2 env threads, 8
+    environments each, 1 actor queue); '2x8:0' -> (2, 8, 0: the env threads
+    act themselves, num_actor_queues=0)."""
+    shape, _, queues = text.partition(":")
+    threads, per_thread = (int(x) for x in shape.split("x"))
+    return threads, per_thread, int(queues or 1)
