@@ -61,8 +61,23 @@ match it (EnvPool's defaults in brackets):
 | stack_size | 4 | stack_num [4], moved to the last axis |
 | terminal_on_life_loss | False | episodic_life [False] |
 | full_action_space | False | full_action_space [False] |
-| (none) |  | use_fire_reset False [True] |
+| fire_reset | False | use_fire_reset [True] |
+| zero_discount_on_life_loss | False | (lives counted here; EnvPool's knob of that name unused) |
 | (none) |  | reward_clip, zero_discount_on_life_loss False [False] |
+
+Two knobs give Breakout-like games (a life, then FIRE to serve) what
+baselines' wrappers give them, with one game as one episode:
+`fire_reset` presses FIRE once at each game's start (EnvPool's
+use_fire_reset: the last of the reset's no-ops; only in games whose action
+set has FIRE), and `zero_discount_on_life_loss` makes a lost life a
+training boundary without ending the episode: the step whose frames lose a
+life (EnvPool's `lives` falls) has discount 0, so returns and advantages do
+not bootstrap across it, while the step type stays MID (LAST where the game
+also ends there), so metrics and evaluations score whole games. After a
+lost life the policy serves by itself (nothing presses FIRE for it, as
+nothing does for Dopamine's agents with a terminal on life loss).
+`terminal_on_life_loss` instead makes each life an episode of its own; the
+two are refused together.
 
 Where EnvPool still differs from suite_atari (gymnasium's
 AtariPreprocessing): its time limit counts agent steps after the reset's
@@ -114,7 +129,7 @@ from alf_async.environments.envpool_rows import EnvPoolRows, default_recv_batch_
 INSTALL_HINT = "suite_envpool needs envpool: pip install -e '.[envpool]'"
 ATARI_KNOBS = ("repeat_action_probability", "max_num_frames_per_episode", "noop_max",
                "frame_skip", "screen_size", "stack_size", "terminal_on_life_loss",
-               "full_action_space")
+               "full_action_space", "fire_reset", "zero_discount_on_life_loss")
 KNOBS = ("stepping", "num_threads", "recv_batch_size", "max_episode_steps") + ATARI_KNOBS
 STEPPINGS = ("rows", "lockstep")
 NO_TIME_LIMIT = 2 ** 30   # EnvPool's "no limit": it has none of its own
@@ -126,7 +141,7 @@ _FIRST, _MID, _LAST = (np.int32(t) for t in (ts.StepType.FIRST, ts.StepType.MID,
 def options(stepping="rows", num_threads=None, recv_batch_size=None, max_episode_steps=None,
             repeat_action_probability=0.25, max_num_frames_per_episode=108_000, noop_max=30,
             frame_skip=4, screen_size=84, stack_size=4, terminal_on_life_loss=False,
-            full_action_space=False):
+            full_action_space=False, fire_reset=False, zero_discount_on_life_loss=False):
     """The knobs (see the module docstring) as a dict: gin's configurable
     'suite_envpool'. Call `knob_values`, which checks them."""
     return dict(stepping=stepping, num_threads=num_threads, recv_batch_size=recv_batch_size,
@@ -135,7 +150,8 @@ def options(stepping="rows", num_threads=None, recv_batch_size=None, max_episode
                 max_num_frames_per_episode=max_num_frames_per_episode, noop_max=noop_max,
                 frame_skip=frame_skip, screen_size=screen_size, stack_size=stack_size,
                 terminal_on_life_loss=terminal_on_life_loss,
-                full_action_space=full_action_space)
+                full_action_space=full_action_space, fire_reset=fire_reset,
+                zero_discount_on_life_loss=zero_discount_on_life_loss)
 
 
 def knob_values(**knobs):
@@ -168,6 +184,15 @@ def knob_values(**knobs):
                 or value < least):
             raise ValueError(f"suite_envpool: {name} must be an int >= {least}"
                              f"{' or None' if optional else ''}, got {value!r}")
+    for name in ("terminal_on_life_loss", "full_action_space", "fire_reset",
+                 "zero_discount_on_life_loss"):
+        if not isinstance(values[name], (bool, np.bool_)):
+            raise ValueError(f"suite_envpool: {name} must be True or False, got "
+                             f"{values[name]!r}")
+    if values["terminal_on_life_loss"] and values["zero_discount_on_life_loss"]:
+        raise ValueError("suite_envpool: terminal_on_life_loss (each life an episode) and "
+                         "zero_discount_on_life_loss (a lost life a boundary inside the "
+                         "game's episode) exclude each other: set one")
     return values
 
 
@@ -218,7 +243,8 @@ def _pool_settings(env_name, atari, values, given):
             noop_max=max(1, values["noop_max"]), frame_skip=skip,
             img_height=values["screen_size"], img_width=values["screen_size"],
             stack_num=values["stack_size"], episodic_life=bool(values["terminal_on_life_loss"]),
-            full_action_space=bool(values["full_action_space"]), use_fire_reset=False,
+            full_action_space=bool(values["full_action_space"]),
+            use_fire_reset=bool(values["fire_reset"]),
             reward_clip=False, zero_discount_on_life_loss=False, gray_scale=True,
             use_inter_area_resize=True)
     atari_only = sorted(set(given) & set(ATARI_KNOBS))
@@ -282,7 +308,8 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
     step_releases_gil = True
 
     def __init__(self, env_name, batch_size, seed, settings, num_threads, recv_batch_size,
-                 observation_spec, action_spec, channels_last, atari):
+                 observation_spec, action_spec, channels_last, atari,
+                 zero_discount_on_life_loss=False):
         """Use `load` (or `make_env`), which checks the arguments."""
         super().__init__(handle_auto_reset=False)
         self._env_name = env_name
@@ -299,6 +326,10 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
         # to refill it as every other reset does.
         self._stack = settings["stack_num"] if settings.get("episodic_life") else None
         self._episode_steps = np.zeros(batch_size, np.int64)
+        # Each row's lives after its last time step, to give the step that
+        # loses one discount 0 (zero_discount_on_life_loss).
+        self._zero_discount_on_life_loss = bool(zero_discount_on_life_loss)
+        self._lives = np.zeros(batch_size, np.int64)
         self._all_rows = np.arange(batch_size, dtype=np.int32)
         # Rows whose last time step was LAST (or that have not started): their
         # next time step is the FIRST of a new episode.
@@ -360,6 +391,8 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
             pool = self._pool_for(self._batch_size, "lockstep")
             obs, info = pool.reset(self._all_rows)
             rows = np.asarray(info["env_id"])
+            if self._zero_discount_on_life_loss:
+                self._lives[rows] = info["lives"]
             obs = self._observations(obs, rows, np.ones(len(rows), bool))
             if not np.array_equal(rows, self._all_rows):
                 obs = obs[np.argsort(rows)]
@@ -428,6 +461,10 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
             # EnvPool calls a game over on the time limit's last step a truncation.
             game_over = game_over | (np.asarray(info["terminated"]) != 0)
         game_over &= done
+        if self._zero_discount_on_life_loss:
+            lives = np.asarray(info["lives"])
+            game_over |= ~first & (lives < self._lives[rows])   # a training boundary
+            self._lives[rows] = lives
         self._ended[rows] = done
         step_type = np.where(first, _FIRST, np.where(done, _LAST, _MID)).astype(np.int32)
         reward = np.where(first, 0.0, reward).astype(np.float32)
@@ -525,7 +562,8 @@ def make_env(env_name, batch_size=1, seed=None, **knobs):
         env_name, atari, envpool.make_spec(env_name, **settings))
     cls = EnvPoolEnv if values["stepping"] == "rows" else LockstepEnvPoolEnv
     return cls(env_name, int(batch_size), int(seed), settings, int(num_threads), int(k),
-               observation_spec, action_spec, channels_last, atari)
+               observation_spec, action_spec, channels_last, atari,
+               zero_discount_on_life_loss=atari and values["zero_discount_on_life_loss"])
 
 
 def load(env_name, batch_size=1, seed=None, **knobs):
