@@ -95,11 +95,7 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
         raise ValueError(f"dqn_agent.epsilon_decay_steps must be an int >= 0, "
                          f"got {epsilon_decay_steps!r}")
     conv = _check_conv("dqn_agent.conv_layer_params", conv_layer_params)
-    if reward_clip is not None and not (
-            len(reward_clip) == 2 and all(isinstance(v, numbers.Real) for v in reward_clip)
-            and reward_clip[0] < reward_clip[1]):
-        raise ValueError(f"dqn_agent.reward_clip must be (low, high) with low < high, "
-                         f"got {reward_clip!r}")
+    _check_reward_clip("dqn_agent.reward_clip", reward_clip)
     # Pixels reach the network as uint8 and are scaled there (Rescaling casts).
     q_net = q_network.QNetwork(
         time_step_spec.observation, action_spec,
@@ -124,6 +120,15 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
         # DqnAgent._train applies gradients to exactly these variables.
         build_optimizer(optimizer, q_net.trainable_weights)
     return agent
+
+
+def _check_reward_clip(binding, value):
+    """Raises ValueError unless `value` is None or (low, high) with low < high."""
+    if value is not None and not (
+            isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+            and value[0] < value[1]):
+        raise ValueError(f"{binding} must be (low, high) with low < high, got {value!r}")
 
 
 def _reward_clipped(agent_class, low, high):
@@ -271,7 +276,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
               value_fc_layer_params=(64, 64), conv_layer_params=None, learning_rate=3e-4,
               adam_epsilon=1e-5, num_epochs=4, num_minibatches=4, shared_torso=None,
               orthogonal_init=False, advantage_normalization="batch",
-              learning_rate_decay_steps=None, torso_dtype_policy="float32"):
+              learning_rate_decay_steps=None, torso_dtype_policy="float32", reward_clip=None):
     """tf-agents' PPOClipAgent with an actor-distribution and a value network
     and Adam (`optimizers.FusedAdam`), trained in minibatches
     (`ppo.MinibatchPPOClipAgent`).
@@ -328,8 +333,13 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             'auto' does so where the CPU has AMX or AVX-512 BF16
             (`kernels.bf16_torsos`). The variables are float32 either way, so a
             checkpoint restores under any of them.
+        reward_clip: (low, high): the agent trains on rewards clipped to this
+            (baselines' ClipRewardEnv for Atari scores: (-1, 1)); metrics,
+            replay and evaluation keep the environment's rewards. None: no
+            clipping.
     """
     _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
+    _check_reward_clip("ppo_agent.reward_clip", reward_clip)
     _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
     conv = _check_conv("ppo_agent.conv_layer_params", conv_layer_params)
     _check_number("ppo_agent.learning_rate", learning_rate, low=0.0, low_open=True)
@@ -386,7 +396,10 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             kernel_initializer=initializers.get("kernel_initializer"))
     optimizer = optimizers.FusedAdam(
         _linear_decay(learning_rate, learning_rate_decay_steps), epsilon=adam_epsilon)
-    agent = MinibatchPPOClipAgent(
+    agent_class = MinibatchPPOClipAgent
+    if reward_clip is not None:
+        agent_class = _reward_clipped(agent_class, float(reward_clip[0]), float(reward_clip[1]))
+    agent = agent_class(
         time_step_spec, action_spec, optimizer=optimizer, actor_net=actor_net,
         value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
         advantage_normalization=advantage_normalization,
