@@ -64,6 +64,7 @@ SINGLE_PROCESS = {
     "dqn_breakout_envpool.gin": (("envpool",), SMALL_PIXEL_REPLAY),
     "dqn_pong.gin": (("ale_py",), SMALL_PIXEL_REPLAY),
     "ppo_pong.gin": (("envpool",), SHORT_UNROLLS),
+    "ppo_breakout.gin": (("envpool",), SHORT_UNROLLS),
     "ppo_hopper.gin": (("mujoco",), SHORT_UNROLLS),
     "impala_pong.gin": (("envpool",), []),
     "sac_pendulum.gin": ((), []),
