@@ -1,4 +1,4 @@
-"""Published Pong training curves from RL Baselines3 Zoo's trained agents,
+"""Published Atari training curves from RL Baselines3 Zoo's trained agents,
 for `per_frame.py`'s pictures and tables.
 
     python benchmarks/published_curves.py --zoo_dir /path/to/rl-trained-agents
@@ -9,8 +9,10 @@ one CSV a game, a line an episode (score `r`, length `l` in frames, wall
 time `t`). Its A2C (16 games, 5-step rollouts, RMSprop with TF1's epsilon,
 A2C's loss) is the published curve an A2C-like IMPALA is read against; its
 PPO (8 games x 128 steps, 4 epochs) is a second published PPO beside
-OpenAI baselines' ppo2. Both train PongNoFrameskip-v4 (no sticky actions)
-with SB3's AtariWrapper, and score unclipped training episodes, as the
+OpenAI baselines' ppo2, on Pong and on Breakout (the same hyperparameters
+for both, in their config.yml). All train a NoFrameskip-v4 game (no sticky
+actions) with SB3's AtariWrapper (fire reset, terminal on life loss,
+clipped rewards) over a Monitor that scores whole games, unclipped, as the
 published Atari curves and `per_frame.py` do.
 
 A curve point is the mean score of the last `WINDOW` episodes (over all
@@ -33,17 +35,22 @@ import subprocess
 from wall_clock_report import FRAMES_PER_STEP  # benchmarks/ (imports no TensorFlow)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CURVES_JSON = os.path.join(HERE, "results", "published_sb3_zoo_pong.json")
+CURVES_JSON = os.path.join(HERE, "results", "published_sb3_zoo.json")
 ZOO_REPO = "DLR-RM/rl-trained-agents"
 WINDOW = 10                # episodes a point averages (per_frame.py's runs too)
 EVERY_FRAMES = 250_000     # frames between points
-# name: (the agent's directory in the zoo, its games, the curve's label)
+# name: (the agent's directory in the zoo, <algo>/<env id>_<run>; its games; the curve's label)
 ZOO_AGENTS = {
     "sb3_a2c_pong": ("a2c/PongNoFrameskip-v4_1", 16,
                      "RL Baselines3 Zoo A2C, PongNoFrameskip-v4 (16 games' training logs)"),
     "sb3_ppo_pong": ("ppo/PongNoFrameskip-v4_1", 8,
                      "RL Baselines3 Zoo PPO, PongNoFrameskip-v4 (8 games' training logs)"),
+    "sb3_ppo_breakout": ("ppo/BreakoutNoFrameskip-v4_1", 8,
+                         "RL Baselines3 Zoo PPO, BreakoutNoFrameskip-v4 (8 games' training "
+                         "logs)"),
 }
+# Frames (millions) main() prints each curve at.
+MARKS = {"pong": (2.5, 4, 8, 12, 16, 20), "breakout": (2.5, 4, 7, 10, 12, 15, 20, 40)}
 
 
 def monitor_episodes(text):
@@ -91,9 +98,10 @@ def write(zoo_dir, path=CURVES_JSON):
     curves = {}
     for name, (agent_dir, num_games, label) in ZOO_AGENTS.items():
         paths = [f"{agent_dir}/{k}.monitor.csv" for k in range(num_games)]
+        env_id = agent_dir.split("/")[1].rsplit("_", 1)[0]
         curves[name] = dict(
             label=label, source=f"github.com/{ZOO_REPO} at {commit}", paths=paths,
-            config=_git_show(zoo_dir, f"{agent_dir}/PongNoFrameskip-v4/config.yml"),
+            config=_git_show(zoo_dir, f"{agent_dir}/{env_id}/config.yml"),
             window=WINDOW, every_frames=EVERY_FRAMES,
             points=curve_from_monitors([_git_show(zoo_dir, p) for p in paths]))
     with open(path, "w") as f:
@@ -117,9 +125,10 @@ def main():
     args = parser.parse_args()
     for name, curve in write(args.zoo_dir, args.out).items():
         points = dict(curve["points"])
-        marks = [2.5, 4, 8, 12, 16, 20]
+        marks = MARKS[name.rsplit("_", 1)[1]]
         print(f"{name}: " + ", ".join(
-            f"{m:g}M frames {points[int(m * 1e6) // FRAMES_PER_STEP]:+.1f}" for m in marks))
+            f"{m:g}M frames {points[int(m * 1e6) // FRAMES_PER_STEP]:+.1f}" for m in marks
+            if int(m * 1e6) // FRAMES_PER_STEP in points))
     print(f"wrote {args.out}")
 
 

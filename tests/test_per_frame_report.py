@@ -37,8 +37,14 @@ def test_committed_zoo_curves_load_in_agent_steps_up_to_their_10m():
         assert label.startswith("RL Baselines3 Zoo")
         steps = [s for s, _ in curve]
         assert steps == sorted(steps) and steps[0] == 62_500 and steps[-1] >= 9_900_000
-        assert all(-21.0 <= v <= 21.0 for _, v in curve)
-    assert set(per_frame.REFERENCES) == {"ppo2_pong", "sb3_a2c_pong", "sb3_ppo_pong"}
+        low, high = (0.0, 864.0) if name.endswith("breakout") else (-21.0, 21.0)
+        assert all(low <= v <= high for _, v in curve)   # the games' score ranges
+    assert set(per_frame.REFERENCES) == {"ppo2_pong", "sb3_a2c_pong", "sb3_ppo_pong",
+                                         "sb3_ppo_breakout"}
+    # The zoo's Breakout PPO, read exactly (its 8 games' Monitor logs).
+    points = dict(published_curves.load("sb3_ppo_breakout")[1])
+    assert [round(points[int(m * 1e6) // 4], 1) for m in (2.5, 4, 7, 10, 12, 15)] == [
+        20.3, 27.7, 38.8, 77.8, 165.5, 231.3]
 
 
 def test_steps_to_a_score_interpolate_between_points():
