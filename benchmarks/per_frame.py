@@ -4,6 +4,8 @@ against frames, beside a published curve.
 
     python benchmarks/per_frame.py --gin_file gin_configs/ppo_pong.gin --sides tf_agents \
         --seeds 0 --env_steps 1000000 --out_dir runs/per_frame
+    python benchmarks/per_frame.py --task Breakout-v5-ppo --sides tf_agents --seeds 0 \
+        --env_steps 2500000 --out_dir runs/per_frame
     python benchmarks/per_frame.py --from_json runs/per_frame/*.json --marks 2.5 4
 
 Needs pip install -e '.[atari,bench]'.
@@ -43,6 +45,8 @@ seeds, and each published curve's value there (`--reference`: ppo2 and
 RL Baselines3 Zoo's PPO for PPO, the zoo's A2C for IMPALA, none for other
 games); the frames each run, median and curve took to reach `--scores`;
 and draws the runs' curves beside them (`per_frame_<names>.png`).
+`--task` (a name of wall_clock_learning.py's) picks the gin file and, for
+what is not given, the task's published curves, scores and marks (`TASKS`).
 """
 
 import argparse
@@ -58,6 +62,7 @@ import time
 import published_curves
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
 from host_info import add_kernel_flags, choose_kernels, describe, host
+from wall_clock_learning import GIN_FILES
 from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,6 +77,12 @@ REFERENCES = {
                   BASELINES_PPO2_PONG),
     **{name: published_curves.load(name) for name in published_curves.ZOO_AGENTS},
 }
+# --task: {task: (published curves, training scores to reach, marks in millions of frames)}.
+TASKS = {
+    "Pong-v5-ppo": (("ppo2_pong", "sb3_ppo_pong"), (-19, -15, -10, 0), (1.0, 2.5, 4.0)),
+    "Pong-v5-impala": (("sb3_a2c_pong",), (-19, -15, -10, 0), (1.0, 2.5, 4.0)),
+    "Breakout-v5-ppo": (("sb3_ppo_breakout",), (10, 20, 40, 55, 100), (2.5, 4.0, 7.0, 10.0)),
+}
 
 
 # ---------------------------------------------------------------- child runs
@@ -80,17 +91,9 @@ def run_alf_async(seed, env_steps, root_dir, log):
     """`trainer.train()` until `env_steps`, the driver's batches fed to `log`."""
     import wall_clock_learning as wcl
     from alf_async import trainer
-    from alf_async.learning import replayers
-
-    class LoggedReplayer(replayers.OneTimeReplayer):
-        """The gin file's OneTimeReplayer that also feeds the EpisodeLog."""
-
-        def __call__(self, exp, env_ids):
-            log(exp, env_ids)
-            super().__call__(exp, env_ids)
 
     start = time.monotonic()
-    result = trainer.train(root_dir, seed=seed, replayer_fn=LoggedReplayer,
+    result = trainer.train(root_dir, seed=seed, replayer_fn=unroll_sync.logged_one_time_replayer(log),
                            num_env_steps=env_steps, async_eval=False)
     lags = [v for _, v in wcl._scalars(os.path.join(root_dir, "train"), "Learner/policy_lag")]
     return dict(env_steps=result.env_steps, train_steps=result.global_step,
@@ -315,7 +318,10 @@ def _last_json(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gin_file", default=os.path.join(REPO, "gin_configs", "ppo_pong.gin"))
+    parser.add_argument("--task", choices=sorted(TASKS),
+                        help="the gin file and, unless given, --reference, --scores and "
+                             "--marks of a task (default: --gin_file's, Pong's)")
+    parser.add_argument("--gin_file", help="default: --task's, else gin_configs/ppo_pong.gin")
     parser.add_argument("--name", help="the runs' label (default: the gin file's name)")
     parser.add_argument("--sides", choices=SIDES, nargs="+", default=["tf_agents"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -326,13 +332,15 @@ def main():
     parser.add_argument("--gin_bindings", nargs="*", default=[],
                         help="more gin bindings after the gin file's, on both sides")
     parser.add_argument("--out_dir", default="/tmp/alf_async_per_frame")
-    parser.add_argument("--marks", type=float, nargs="+", default=[1.0, 2.5, 4.0],
-                        help="millions of frames at which the table reads the curves")
+    parser.add_argument("--marks", type=float, nargs="+",
+                        help="millions of frames at which the table reads the curves "
+                             "(default: the task's, Pong's 1 2.5 4)")
     parser.add_argument("--reference", choices=sorted(REFERENCES) + ["none"], nargs="*",
-                        default=["ppo2_pong", "sb3_ppo_pong"],
-                        help="published curves to read and draw ('none' or nothing: none)")
-    parser.add_argument("--scores", type=float, nargs="*", default=[-19, -15, -10, 0],
-                        help="training scores whose frames the report gives per run")
+                        help="published curves to read and draw ('none' or nothing: none; "
+                             "default: the task's, Pong's ppo2_pong sb3_ppo_pong)")
+    parser.add_argument("--scores", type=float, nargs="*",
+                        help="training scores whose frames the report gives per run "
+                             "(default: the task's, Pong's -19 -15 -10 0)")
     parser.add_argument("--from_json", nargs="+", metavar="JSON",
                         help="run nothing: report the records in these files, merged")
     parser.add_argument("--label", nargs="*", default=[], metavar="OLD=NEW",
@@ -343,6 +351,11 @@ def main():
     parser.add_argument("--root_dir", help=argparse.SUPPRESS)
     add_kernel_flags(parser)
     args = parser.parse_args()
+    references, scores, marks = TASKS[args.task or "Pong-v5-ppo"]
+    args.gin_file = args.gin_file or GIN_FILES[args.task or "Pong-v5-ppo"]
+    args.reference = list(references) if args.reference is None else args.reference
+    args.scores = list(scores) if args.scores is None else args.scores
+    args.marks = list(marks) if args.marks is None else args.marks
     args.name = args.name or os.path.splitext(os.path.basename(args.gin_file))[0]
     args.reference = [name for name in args.reference if name != "none"]
     if args.one:

@@ -125,7 +125,7 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
     train call (none if `raw_secs` is 0); returns the record
     (wall_clock_learning.run_tf_agents's fields; `policy_lag` is 0: each
     batch is trained on right after it was collected, before any other
-    train step).
+    train step; `loop_start` is the loop's time.monotonic() start).
 
     Args:
         seed: seeds TensorFlow and the evaluation environments.
@@ -188,4 +188,40 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
     eval_env.close()
     return dict(evaluations=evaluations, env_steps=loop.env_steps, train_steps=train_steps,
                 loop_secs=loop_secs, eval_secs=eval_secs, raw_rate=raw, peak_rss_mb=peak,
-                cores=cores, policy_lag=0.0)
+                cores=cores, policy_lag=0.0, loop_start=start)
+
+
+def logged_one_time_replayer(log):
+    """The unroll agents' OneTimeReplayer (their gin files' `train.replayer_fn`)
+    that also feeds `log(exp, env_ids)` each batch of unrolls the learner takes."""
+    from alf_async.learning import replayers
+
+    class LoggedReplayer(replayers.OneTimeReplayer):
+
+        def __call__(self, exp, env_ids):
+            log(exp, env_ids)
+            super().__call__(exp, env_ids)
+
+    return LoggedReplayer
+
+
+class TrainingEpisodes(object):
+    """An experience observer keeping each finished training episode (the
+    behaviour policy's, whole games for Atari) as (monotonic seconds at the
+    batch it ended in, env steps, score): `metrics.EpisodeLog` with a clock.
+    Called by one thread (the learner's); read after the run."""
+
+    def __init__(self):
+        from alf_async.driver.metrics import EpisodeLog
+        self._log = EpisodeLog()
+        self.episodes = []
+
+    def __call__(self, exp, env_ids):
+        seen = len(self._log.episodes)
+        self._log(exp, env_ids)
+        now = time.monotonic()
+        self.episodes.extend((now, steps, ret) for steps, ret, _ in self._log.episodes[seen:])
+
+    def since(self, start):
+        """[(seconds since `start`, env steps, score)]."""
+        return [(t - start, steps, ret) for t, steps, ret in self.episodes]

@@ -87,6 +87,7 @@ GIN_FILES = {
     "Breakout-v5": os.path.join(REPO, "gin_configs", "dqn_breakout.gin"),
     "Breakout-v5-envpool": os.path.join(REPO, "gin_configs", "dqn_breakout_envpool.gin"),
     "Pong-v5-ppo": os.path.join(REPO, "gin_configs", "ppo_pong.gin"),
+    "Breakout-v5-ppo": os.path.join(REPO, "gin_configs", "ppo_breakout.gin"),
     "Pong-v5-impala": os.path.join(REPO, "gin_configs", "impala_pong.gin"),
     "Hopper-v5-ppo": os.path.join(REPO, "gin_configs", "ppo_hopper.gin"),
 }
@@ -158,6 +159,9 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
 
     eval_times = []
     trainer.Evaluator = _timed_evaluator_class(eval_times)  # instrument, same class otherwise
+    episodes = unroll_sync.TrainingEpisodes()
+    logged = ({"replayer_fn": unroll_sync.logged_one_time_replayer(episodes)}
+              if unroll_sync.is_unroll_task() else {})
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     timer_start = time.monotonic()
@@ -166,7 +170,8 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     try:
         # Evaluations on the learner's thread, as the synchronous side's:
         # their time is taken out of both sides' clocks.
-        result = trainer.train(root_dir, seed=seed, stop_event=stop, async_eval=False)
+        result = trainer.train(root_dir, seed=seed, stop_event=stop, async_eval=False,
+                               **logged)
     finally:
         timer.cancel()
     cpu_secs = _cpu_secs() - cpu_start
@@ -218,8 +223,8 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     before = int(step.numpy())
     learner.train(calls_per_train)
     raw = _raw_rate(train_calls, int(step.numpy()) - before, raw_secs)
-    return dict(evaluations=evaluations, env_steps=result.env_steps,
-                train_steps=result.global_step, loop_secs=loop_secs,
+    return dict(evaluations=evaluations, training_episodes=episodes.since(loop_start),
+                env_steps=result.env_steps, train_steps=result.global_step, loop_secs=loop_secs,
                 eval_secs=sum(end - start for start, end in eval_times), raw_rate=raw,
                 peak_rss_mb=peak_rss_mb, cores=cpu_secs / wall_secs,
                 policy_lag=None if not lags else sum(lags) / len(lags))
@@ -342,8 +347,12 @@ def run_unroll_sync(seed, seconds, sync_env, raw_secs, **kwargs):
     set_train_threads()
     env = _sync_envs(sync_env, q("train.suite"), q("train.env_name"),
                      q("train.num_envs") * q("train.env_batch_size"), seed)
-    return unroll_sync.learning_run(seed, seconds, raw_secs, env, _eval_policy, _raw_rate,
-                                    _cpu_secs, _peak_rss_mb, **kwargs)
+    episodes = unroll_sync.TrainingEpisodes()
+    kwargs["exp_observers"] = list(kwargs.get("exp_observers", ())) + [episodes]
+    record = unroll_sync.learning_run(seed, seconds, raw_secs, env, _eval_policy, _raw_rate,
+                                      _cpu_secs, _peak_rss_mb, **kwargs)
+    record["training_episodes"] = episodes.since(record.pop("loop_start"))
+    return record
 
 
 def run_tf_agents(seed, seconds, sync_env, raw_secs):

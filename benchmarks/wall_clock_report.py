@@ -13,7 +13,11 @@ from host_info import describe, kind
 SIDES = ("alf_async", "tf_agents")
 
 # Atari tasks: pixels, scores of whole games, a frame is a quarter agent step.
-ATARI = ("Breakout-v5", "Breakout-v5-envpool", "Pong-v5-ppo", "Pong-v5-impala")
+ATARI = ("Breakout-v5", "Breakout-v5-envpool", "Pong-v5-ppo", "Pong-v5-impala",
+         "Breakout-v5-ppo")
+# Training episodes a training score averages (the published curves' window,
+# published_curves.WINDOW).
+TRAINING_WINDOW = 10
 FRAMES_PER_STEP = 4
 # A reference for the Atari pictures: Dopamine's DQN baseline (the Nature CNN
 # and the settings dqn_breakout.gin copies), baselines/atari/data/breakout.json,
@@ -49,6 +53,39 @@ def return_at(evaluations, secs):
     """The return of the last evaluation started by `secs` (None if none)."""
     before = [r for t, _, _, r in evaluations if t <= secs]
     return before[-1] if before else None
+
+
+def training_score_at(episodes, secs, window=TRAINING_WINDOW):
+    """The mean score of the last `window` training episodes ended by `secs`
+    (`episodes`: [(secs, env steps, score)] in order); None before `window`
+    have ended."""
+    ended = [score for t, _, score in episodes if t <= secs]
+    return sum(ended[-window:]) / window if len(ended) >= window else None
+
+
+def print_training_scores(task, records, report_minutes, budget_secs):
+    """The runs' training scores (the behaviour policy's episodes, whole games,
+    as published Atari curves plot) at `report_minutes`, per run and the
+    median per side; nothing for records without training episodes."""
+    runs = [(key, r) for key, r in by_seed(records) if r.get("training_episodes") is not None]
+    if not runs:
+        return
+    minutes = [m for m in report_minutes if m * 60 <= budget_secs + 1e-6]
+    print(f"\n{algorithm(task)} {task}: training score (mean of the last {TRAINING_WINDOW} "
+          f"training episodes) against wall-clock time")
+    print(f"{'side':10s} {'seed':>4s} " + " ".join(f"{'T@' + format(m, 'g') + 'min':>9s}"
+                                                   for m in minutes) + f" {'episodes':>8s}")
+    scores = {}
+    for (side, seed), record in runs:
+        row = [training_score_at(record["training_episodes"], m * 60) for m in minutes]
+        scores.setdefault(side, []).append(row)
+        print(f"{side:10s} {seed:4d} " + " ".join(
+            f"{'-' if v is None else format(v, '.1f'):>9s}" for v in row) +
+              f" {len(record['training_episodes']):8d}")
+    for side, rows in scores.items():
+        medians = [statistics.median(col) if None not in col else None for col in zip(*rows)]
+        print(f"{side:10s} {'med':>4s} " + " ".join(
+            f"{'-' if v is None else format(v, '.1f'):>9s}" for v in medians))
 
 
 def time_to_reach(evaluations, target):
@@ -182,7 +219,7 @@ def plot(task, records, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    pong = task.startswith("Pong")
+    pong = task.startswith("Pong") or task == "Breakout-v5-ppo"   # a by-frames panel
     if pong:
         fig, (ax, by_frames) = plt.subplots(1, 2, figsize=(13, 5))
     else:
@@ -205,7 +242,7 @@ def plot(task, records, path):
         if pong:
             frames = [steps * FRAMES_PER_STEP / 1e6 for _, steps, _, _ in evaluations]
             by_frames.plot(frames, ys, marker="o", markersize=3, label=label, **styles[side])
-    if task.startswith("Breakout"):
+    if task.startswith("Breakout") and algorithm(task) == "DQN":
         ax.axhline(DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES, color="gray", linestyle=":",
                    label="Dopamine DQN, mean training score over its first 1M frames")
     ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
@@ -214,12 +251,20 @@ def plot(task, records, path):
     ax.grid(alpha=0.3)
     ax.legend()
     if pong:
-        by_frames.plot([steps * FRAMES_PER_STEP / 1e6 for steps, _ in BASELINES_PPO2_PONG],
-                       [score for _, score in BASELINES_PPO2_PONG], color="gray", linestyle=":",
-                       marker="x", label="OpenAI baselines ppo2, PongNoFrameskip-v4 (no sticky "
-                                         "actions), openrlbenchmark")
-        by_frames.set_xlim(0, max([1.0] + [r["env_steps"] * FRAMES_PER_STEP / 1e6
-                                           for r in records.values()]) * 1.05)
+        if task.startswith("Pong"):
+            label, curve = ("OpenAI baselines ppo2, PongNoFrameskip-v4 (no sticky actions), "
+                            "openrlbenchmark", BASELINES_PPO2_PONG)
+        else:
+            import published_curves  # benchmarks/; it imports this module
+            label, curve = published_curves.load("sb3_ppo_breakout")
+            label += ", training episodes"
+        most = max([1.0] + [r["env_steps"] * FRAMES_PER_STEP / 1e6
+                            for r in records.values()]) * 1.05
+        shown = [(steps * FRAMES_PER_STEP / 1e6, score) for steps, score in curve
+                 if steps * FRAMES_PER_STEP / 1e6 <= most]   # the runs' frames only
+        by_frames.plot([f for f, _ in shown], [score for _, score in shown], color="gray",
+                       linestyle=":", marker="x", markersize=3, label=label)
+        by_frames.set_xlim(0, most)
         by_frames.set_xlabel("frames (millions; 4 per agent step)")
         by_frames.set_ylabel("game score")
         by_frames.set_title("the same evaluations against frames")
@@ -233,6 +278,7 @@ def plot(task, records, path):
 def report(task, records, report_minutes, budget, out_dir):
     """Prints the table, draws the picture and writes the JSON of `records`."""
     print_table(task, records, report_minutes, budget)
+    print_training_scores(task, records, report_minutes, budget)
     print_hosts(records)
     png = os.path.join(out_dir, f"wall_clock_{task}.png")
     plot(task, records, png)

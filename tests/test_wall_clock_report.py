@@ -56,3 +56,30 @@ def test_runs_on_one_kind_of_host_print_no_warning(capsys):
         "  tf_agents seed 0: Xeon (AMX), calibration 0.084 s / 0.2 s",
         "seed 0, both sides on Xeon (AMX): env steps/s alf_async 480, tf_agents 400 "
         "(ratio 1.20)"]
+
+
+def test_training_scores_average_the_last_ten_episodes_ended_by_each_minute(capsys):
+    """Episode k (from 0) ends at 10 k seconds scoring k: at 2 minutes the last
+    ten ended are 3..12 (mean 7.5), at 3 minutes 9..18; at 1 minute only 7
+    have ended (none)."""
+    episodes = [(10.0 * k, 100 * k, float(k)) for k in range(20)]
+    assert wall_clock_report.training_score_at(episodes, 60.0) is None
+    assert wall_clock_report.training_score_at(episodes, 120.0) == 7.5
+    assert wall_clock_report.training_score_at(episodes, 119.9) == 6.5
+    records = {("alf_async", 0): dict(run(200, None), training_episodes=episodes),
+               ("tf_agents", 0): dict(run(200, None), training_episodes=episodes[:15]),
+               ("tf_agents", 1): dict(run(200, None), training_episodes=[
+                   (s, n, 2 * r) for s, n, r in episodes[:15]])}
+    wall_clock_report.print_training_scores("Breakout-v5-ppo", records, [1, 2, 3], 180.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("PPO Breakout-v5-ppo: training score (mean of the last 10 training "
+                        "episodes) against wall-clock time")
+    assert lines[3].split() == ["alf_async", "0", "-", "7.5", "13.5", "20"]
+    assert lines[4].split() == ["tf_agents", "0", "-", "7.5", "9.5", "15"]
+    assert lines[5].split() == ["tf_agents", "1", "-", "15.0", "19.0", "15"]
+    assert lines[6].split() == ["alf_async", "med", "-", "7.5", "13.5"]
+    assert lines[7].split() == ["tf_agents", "med", "-", "11.2", "14.2"]
+    capsys.readouterr()
+    wall_clock_report.print_training_scores("Breakout-v5-ppo", {("alf_async", 0): run(200, None)},
+                                            [1], 60.0)
+    assert capsys.readouterr().out == ""   # records without training episodes print nothing
