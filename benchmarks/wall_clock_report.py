@@ -63,10 +63,26 @@ def training_score_at(episodes, secs, window=TRAINING_WINDOW):
     return sum(ended[-window:]) / window if len(ended) >= window else None
 
 
+def training_curve(episodes, window=TRAINING_WINDOW):
+    """[(seconds, env steps, training score)] at each training episode's end
+    from the `window`-th on (`episodes`: [(secs, env steps, score)] in
+    order), the score as `training_score_at` reads it."""
+    return [(secs, steps, sum(score for _, _, score in episodes[k + 1 - window:k + 1]) / window)
+            for k, (secs, steps, _) in enumerate(episodes) if k + 1 >= window]
+
+
+def secs_to_training_score(episodes, score):
+    """Seconds to the first training episode at whose end the training score
+    reads `score` or more (None if it never does)."""
+    return next((secs for secs, _, value in training_curve(episodes) if value >= score), None)
+
+
 def print_training_scores(task, records, report_minutes, budget_secs):
     """The runs' training scores (the behaviour policy's episodes, whole games,
     as published Atari curves plot) at `report_minutes`, per run and the
-    median per side; nothing for records without training episodes."""
+    median per side, then when each run first reached alf_async's median at
+    the last of them (`print_time_to_median`); nothing for records without
+    training episodes."""
     runs = [(key, r) for key, r in by_seed(records) if r.get("training_episodes") is not None]
     if not runs:
         return
@@ -82,10 +98,30 @@ def print_training_scores(task, records, report_minutes, budget_secs):
         print(f"{side:10s} {seed:4d} " + " ".join(
             f"{'-' if v is None else format(v, '.1f'):>9s}" for v in row) +
               f" {len(record['training_episodes']):8d}")
+    last = {}
     for side, rows in scores.items():
         medians = [statistics.median(col) if None not in col else None for col in zip(*rows)]
         print(f"{side:10s} {'med':>4s} " + " ".join(
             f"{'-' if v is None else format(v, '.1f'):>9s}" for v in medians))
+        last[side] = medians[-1] if medians else None
+    if last.get("alf_async") is not None and "tf_agents" in last:
+        print_time_to_median(runs, last["alf_async"], minutes[-1])
+
+
+def print_time_to_median(runs, score, minutes):
+    """When each run's training score first read `score`, alf_async's median
+    at `minutes`, as a multiple of those minutes: the synchronous loop's
+    wall time to alf_async's result ('never' where a run ended lower, with
+    its last training score)."""
+    print(f"to alf_async's median at {minutes:g} min ({score:.1f}), minutes and multiple of "
+          f"{minutes:g} min:")
+    for (side, seed), record in runs:
+        episodes = record["training_episodes"]
+        secs = secs_to_training_score(episodes, score)
+        curve = training_curve(episodes)
+        ended = f"never (ends at {curve[-1][2]:.1f})" if curve else "never"
+        print(f"{side:10s} {seed:4d} " + (ended if secs is None else
+                                          f"{secs / 60:.1f} min ({secs / 60 / minutes:.2f}x)"))
 
 
 def time_to_reach(evaluations, target):
@@ -242,12 +278,26 @@ def plot(task, records, path):
         if pong:
             frames = [steps * FRAMES_PER_STEP / 1e6 for _, steps, _, _ in evaluations]
             by_frames.plot(frames, ys, marker="o", markersize=3, label=label, **styles[side])
+        # The training score (the published curves' measure) as a thin line.
+        curve = training_curve(record.get("training_episodes") or [])
+        if curve:
+            thin = dict(color=styles[side]["color"], linewidth=0.8, alpha=0.6,
+                        label=None if f"{side} training" in labelled else
+                        f"{side}: training score (last {TRAINING_WINDOW} games)")
+            labelled.add(f"{side} training")
+            ax.plot([t / 60 for t, _, _ in curve], [v for _, _, v in curve], **thin)
+            if pong:
+                by_frames.plot([steps * FRAMES_PER_STEP / 1e6 for _, steps, _ in curve],
+                               [v for _, _, v in curve], **dict(thin, label=None))
     if task.startswith("Breakout") and algorithm(task) == "DQN":
         ax.axhline(DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES, color="gray", linestyle=":",
                    label="Dopamine DQN, mean training score over its first 1M frames")
     ax.set_xlabel("wall-clock minutes (loop start, evaluations included)")
-    ax.set_ylabel("game score (evaluation games)" if task in ATARI else "greedy eval return")
-    ax.set_title(f"{algorithm(task)} {task}: evaluation vs wall-clock time")
+    trained = any(r.get("training_episodes") for r in records.values())
+    ax.set_ylabel(("game score (evaluation games; thin: training games)" if trained else
+                   "game score (evaluation games)") if task in ATARI else "greedy eval return")
+    ax.set_title(f"{algorithm(task)} {task}: {'score' if trained else 'evaluation'} vs "
+                 f"wall-clock time")
     ax.grid(alpha=0.3)
     ax.legend()
     if pong:
@@ -267,7 +317,7 @@ def plot(task, records, path):
         by_frames.set_xlim(0, most)
         by_frames.set_xlabel("frames (millions; 4 per agent step)")
         by_frames.set_ylabel("game score")
-        by_frames.set_title("the same evaluations against frames")
+        by_frames.set_title("the same runs against frames")
         by_frames.grid(alpha=0.3)
         by_frames.legend(fontsize=8)
     fig.tight_layout()
@@ -275,10 +325,26 @@ def plot(task, records, path):
     plt.close(fig)
 
 
+def print_frames_to_scores(task, records):
+    """Per frame, from the same runs' training episodes: per_frame.py's table
+    of the frames each run took to its task's training scores, beside the
+    published curves (nothing for a task per_frame.py has no curve for)."""
+    import per_frame  # benchmarks/; imported here, as it imports this module
+    if task not in per_frame.TASKS:
+        return
+    references, scores, _ = per_frame.TASKS[task]
+    runs = [dict(name=task, side=side, seed=seed, env_steps=record["env_steps"],
+                 episodes=[(steps, score, None) for _, steps, score in record["training_episodes"]])
+            for (side, seed), record in by_seed(records) if record.get("training_episodes")]
+    if runs:
+        per_frame.frames_to_scores(runs, scores, references)
+
+
 def report(task, records, report_minutes, budget, out_dir):
     """Prints the table, draws the picture and writes the JSON of `records`."""
     print_table(task, records, report_minutes, budget)
     print_training_scores(task, records, report_minutes, budget)
+    print_frames_to_scores(task, records)
     print_hosts(records)
     png = os.path.join(out_dir, f"wall_clock_{task}.png")
     plot(task, records, png)

@@ -83,3 +83,49 @@ def test_training_scores_average_the_last_ten_episodes_ended_by_each_minute(caps
     wall_clock_report.print_training_scores("Breakout-v5-ppo", {("alf_async", 0): run(200, None)},
                                             [1], 60.0)
     assert capsys.readouterr().out == ""   # records without training episodes print nothing
+
+
+def test_time_to_alf_async_median_is_each_runs_first_training_score_at_or_above_it(capsys):
+    """Episode k ends at 10 k seconds scoring k (the training score at its end,
+    from the tenth on: k - 4.5). alf_async's median at 3 minutes is 13.5,
+    first read at episode 18 (3.0 min); the synchronous seed 0 stops at
+    episode 14 (9.5), seed 1 (scores doubled) reads 15.0 at episode 12."""
+    episodes = [(10.0 * k, 100 * k, float(k)) for k in range(20)]
+    curve = wall_clock_report.training_curve(episodes)
+    assert curve[0] == (90.0, 900, 4.5) and curve[-1] == (190.0, 1900, 14.5) and len(curve) == 11
+    assert wall_clock_report.secs_to_training_score(episodes, 13.5) == 180.0
+    assert wall_clock_report.secs_to_training_score(episodes, 14.6) is None
+    assert wall_clock_report.training_curve(episodes[:9]) == []
+    records = {("alf_async", 0): dict(run(200, None), training_episodes=episodes),
+               ("tf_agents", 0): dict(run(200, None), training_episodes=episodes[:15]),
+               ("tf_agents", 1): dict(run(200, None), training_episodes=[
+                   (s, n, 2 * r) for s, n, r in episodes[:15]])}
+    wall_clock_report.print_training_scores("Breakout-v5-ppo", records, [1, 2, 3], 180.0)
+    assert capsys.readouterr().out.splitlines()[-4:] == [
+        "to alf_async's median at 3 min (13.5), minutes and multiple of 3 min:",
+        "alf_async     0 3.0 min (1.00x)",
+        "tf_agents     0 never (ends at 9.5)",
+        "tf_agents     1 2.0 min (0.67x)"]
+    # One side only: no comparison.
+    wall_clock_report.print_training_scores("Breakout-v5-ppo", {("alf_async", 0): records[
+        "alf_async", 0]}, [1, 2, 3], 180.0)
+    assert "to alf_async's median" not in capsys.readouterr().out
+
+
+def test_frames_to_scores_of_the_hour_runs_stand_beside_the_published_curve(capsys):
+    """The same episodes, 100,000 env steps apart: +10 is read between
+    episodes 14 (9.5) and 15 (10.5), at 1.45M env steps = 5.80M frames."""
+    episodes = [(10.0 * k, 100_000 * k, float(k)) for k in range(20)]
+    records = {("alf_async", 0): dict(run(1_900_000, None), training_episodes=episodes),
+               ("tf_agents", 0): run(1_900_000, None)}   # no training episodes: no row
+    wall_clock_report.print_frames_to_scores("Breakout-v5-ppo", records)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("Frames (millions) to a training score (mean of the last 10) of | "
+                        "+10 | +20 | +40 | +55 | +100")
+    assert lines[2] == "Breakout-v5-ppo alf_async seed 0 (to 7.60M) | 5.80M | - | - | - | -"
+    assert lines[3] == "Breakout-v5-ppo alf_async median of 1 | 5.80M | - | - | - | -"
+    assert lines[4] == ("RL Baselines3 Zoo PPO, BreakoutNoFrameskip-v4 (8 games' training logs) "
+                        "| 0.93M | 2.46M | 4.93M | 5.74M | 9.27M")
+    assert len(lines) == 5
+    wall_clock_report.print_frames_to_scores("HalfCheetah-v5", records)   # no published curve
+    assert capsys.readouterr().out == ""
