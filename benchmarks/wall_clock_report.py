@@ -59,8 +59,8 @@ def training_score_at(episodes, secs, window=TRAINING_WINDOW):
     """The mean score of the last `window` training episodes ended by `secs`
     (`episodes`: [(secs, env steps, score)] in order); None before `window`
     have ended."""
-    ended = [score for t, _, score in episodes if t <= secs]
-    return sum(ended[-window:]) / window if len(ended) >= window else None
+    before = [value for t, _, value in training_curve(episodes, window) if t <= secs]
+    return before[-1] if before else None
 
 
 def training_curve(episodes, window=TRAINING_WINDOW):
@@ -71,10 +71,10 @@ def training_curve(episodes, window=TRAINING_WINDOW):
             for k, (secs, steps, _) in enumerate(episodes) if k + 1 >= window]
 
 
-def secs_to_training_score(episodes, score):
-    """Seconds to the first training episode at whose end the training score
-    reads `score` or more (None if it never does)."""
-    return next((secs for secs, _, value in training_curve(episodes) if value >= score), None)
+def secs_to_training_score(curve, score):
+    """Seconds to the first point of a `training_curve` that reads `score` or
+    more (None if none does)."""
+    return next((secs for secs, _, value in curve if value >= score), None)
 
 
 def print_training_scores(task, records, report_minutes, budget_secs):
@@ -116,12 +116,13 @@ def print_time_to_median(runs, score, minutes):
     print(f"to alf_async's median at {minutes:g} min ({score:.1f}), minutes and multiple of "
           f"{minutes:g} min:")
     for (side, seed), record in runs:
-        episodes = record["training_episodes"]
-        secs = secs_to_training_score(episodes, score)
-        curve = training_curve(episodes)
-        ended = f"never (ends at {curve[-1][2]:.1f})" if curve else "never"
-        print(f"{side:10s} {seed:4d} " + (ended if secs is None else
-                                          f"{secs / 60:.1f} min ({secs / 60 / minutes:.2f}x)"))
+        curve = training_curve(record["training_episodes"])
+        secs = secs_to_training_score(curve, score)
+        if secs is not None:
+            print(f"{side:10s} {seed:4d} {secs / 60:.1f} min ({secs / 60 / minutes:.2f}x)")
+        else:
+            ended = f" (ends at {curve[-1][2]:.1f})" if curve else ""
+            print(f"{side:10s} {seed:4d} never{ended}")
 
 
 def time_to_reach(evaluations, target):

@@ -93,8 +93,8 @@ def test_time_to_alf_async_median_is_each_runs_first_training_score_at_or_above_
     episodes = [(10.0 * k, 100 * k, float(k)) for k in range(20)]
     curve = wall_clock_report.training_curve(episodes)
     assert curve[0] == (90.0, 900, 4.5) and curve[-1] == (190.0, 1900, 14.5) and len(curve) == 11
-    assert wall_clock_report.secs_to_training_score(episodes, 13.5) == 180.0
-    assert wall_clock_report.secs_to_training_score(episodes, 14.6) is None
+    assert wall_clock_report.secs_to_training_score(curve, 13.5) == 180.0
+    assert wall_clock_report.secs_to_training_score(curve, 14.6) is None
     assert wall_clock_report.training_curve(episodes[:9]) == []
     records = {("alf_async", 0): dict(run(200, None), training_episodes=episodes),
                ("tf_agents", 0): dict(run(200, None), training_episodes=episodes[:15]),
