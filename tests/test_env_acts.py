@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -205,25 +204,3 @@ def test_the_cost_account_runs_each_side_and_records_the_host(tmp_path):
     assert sides["alf_async 1x2, acting itself"]["tf_ops"] < sides["alf_async 1x2, 1 actor"][
         "tf_ops"]
     assert sides["environment alone"]["tf_ops"] == 0
-
-
-@pytest.mark.parametrize("gin_file", ["ppo_pong.gin", "ppo_breakout.gin"])
-def test_the_atari_ppo_files_act_in_one_env_thread_on_ppo2s_batches(gin_file):
-    """One env thread stepping one lockstep pool of 8 games and acting
-    itself (no actor thread: the cheapest driver there, performance.md
-    "Pong"), still on ppo2's batches of 8 games x 128 steps."""
-    import alf_async.trainer  # noqa: F401  (registers train)  pylint: disable=import-outside-toplevel
-    gin_configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "gin_configs")
-    gin.clear_config()
-    gin.add_config_file_search_path(gin_configs)  # ppo_breakout.gin includes ppo_pong.gin
-    try:
-        gin.parse_config_files_and_bindings([os.path.join(gin_configs, gin_file)], [],
-                                            skip_unknown=True)
-        q = gin.query_parameter
-        assert (q("train.num_envs"), q("train.env_batch_size"), q("train.num_actor_queues"),
-                q("suite_envpool.stepping")) == (1, 8, 0, "lockstep")
-        assert q("train.learn_queue_cap") * q("train.env_batch_size") * q(
-            "train.unroll_length") == 8 * 128
-    finally:
-        gin.clear_config()
