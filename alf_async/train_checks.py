@@ -36,6 +36,20 @@ def check_args(**args):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
                                   value < 0):
             raise ConfigError(f"train.{name} must be None or an int >= 0, got {value!r}")
+    value = args["batches_ahead"]
+    if value is not None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"train.batches_ahead must be None (collect whenever the learn "
+                              f"queue has room) or an int >= 1, got {value!r}")
+        if args["num_collectors"]:
+            raise ConfigError("train.batches_ahead paces this process's env threads, and with "
+                              "train.num_collectors > 0 it has none (the collectors feed "
+                              "Reverb): leave it None")
+        if args["layout"] is None and args["num_envs"] > value * args["learn_queue_cap"]:
+            raise ConfigError(
+                f"train.batches_ahead = {value} lets {value} x train.learn_queue_cap "
+                f"{args['learn_queue_cap']} unrolls be collected at once, fewer than the "
+                f"{args['num_envs']} env threads (train.num_envs): raise one of them")
     if args["num_iterations"] is None and args["num_env_steps"] is None:
         raise ConfigError("set train.num_iterations or train.num_env_steps (or both): "
                          "otherwise training never stops")

@@ -123,6 +123,7 @@ def train(root_dir,
           layout_budget_secs=20.0,
           unroll_length=8,
           learn_queue_cap=1,
+          batches_ahead=None,
           num_iterations=None,
           num_env_steps=None,
           initial_collect_steps=0,
@@ -186,6 +187,11 @@ def train(root_dir,
         unroll_length: steps per unroll.
         learn_queue_cap: unrolls per learner batch; one iteration brings
             learn_queue_cap * env_batch_size * unroll_length env steps.
+        batches_ahead: None: the env threads collect whenever the learn
+            queue has room. k >= 1: they begin at most k batches the learner
+            has not taken, which caps the policy lag at k batches' train
+            steps (`AsyncOffPolicyDriver`'s batches_ahead; for PPO, see
+            docs/training.md). Needs num_envs <= k * learn_queue_cap.
         num_iterations: stop after this many iterations in total (None: no limit).
         num_env_steps: stop once this many env steps were dequeued in total.
         initial_collect_steps: env steps collected before training starts.
@@ -274,7 +280,7 @@ def train(root_dir,
                        random_initial_collect, num_collectors, collector_launcher,
                        train_steps_per_iteration * sample_batch_size, print_fn,
                        eval_env_kwargs, train_steps_per_iteration, initial_collect_steps,
-                       layout, layout_budget_secs, stop_event)
+                       layout, layout_budget_secs, stop_event, batches_ahead)
     except ConfigError:
         raise
     except DriverStoppedError:
@@ -373,7 +379,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
            num_eval_episodes, seed, random_initial_collect=False, num_collectors=0,
            collector_launcher="local", samples_per_iteration=None, print_fn=None,
            eval_env_kwargs=None, train_steps_per_iteration=1, initial_collect_steps=0,
-           layout=None, layout_budget_secs=20.0, stop_event=None):
+           layout=None, layout_budget_secs=20.0, stop_event=None, batches_ahead=None):
     """Environments, agent, replayer, driver (not started), the restored
     checkpoint, the hyperparameters whose config value replaced the
     checkpoint's (see alf_async.resume), and the layout `layout` gave (its
@@ -421,7 +427,7 @@ def _build(root_dir, env_name, agent_fn, suite, make_env_constructor, replayer_f
             replayer, driver, env_constructor = _build_collection(
                 root_dir, env_name, agent, suite, make_env_constructor, replayer_fn, num_envs,
                 env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
-                learn_queue_cap, seed, random_initial_collect, global_step)
+                learn_queue_cap, seed, random_initial_collect, global_step, batches_ahead)
     except BaseException:
         _close_envs(eval_env, env_constructor)
         _close(replayer)
@@ -492,7 +498,8 @@ def _run_layout(root_dir, layout, suite, env_name, seed, make_env_constructor, p
 
 def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, replayer_fn,
                       num_envs, env_batch_size, num_actor_queues, actor_queue_cap, unroll_length,
-                      learn_queue_cap, seed, random_initial_collect, global_step):
+                      learn_queue_cap, seed, random_initial_collect, global_step,
+                      batches_ahead=None):
     """The single-process run's replayer, driver (not started) and env
     constructor; closes what it built if a later piece fails."""
     env_constructor = replayer = None
@@ -518,6 +525,7 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
             env_constructor, collect_policy, num_envs=num_envs,
             num_actor_queues=num_actor_queues, unroll_length=unroll_length,
             learn_queue_cap=learn_queue_cap, actor_queue_cap=actor_queue_cap,
+            batches_ahead=batches_ahead,
             exp_observers=[replayer])
     except BaseException:
         if isinstance(env_constructor, job.ServingEnvConstructor):

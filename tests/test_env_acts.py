@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ from tf_agents.environments import batched_py_environment, tf_py_environment, wr
 from alf_async import AsyncOffPolicyDriver
 from alf_async.driver.layout import check_layout, format_layout, parse_layout
 from alf_async.driver.layout_model import Layout
+from alf_async.learning.policy_lag import TrainStepStampedPolicy
 from alf_async.testing.envs import BlockingCountingEnv, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import FailingPolicy, StatefulCountingPolicy
 from conftest import driver_threads
@@ -204,3 +206,43 @@ def test_the_cost_account_runs_each_side_and_records_the_host(tmp_path):
     assert sides["alf_async 1x2, acting itself"]["tf_ops"] < sides["alf_async 1x2, 1 actor"][
         "tf_ops"]
     assert sides["environment alone"]["tf_ops"] == 0
+
+
+class GatedBatch(wrappers.PyEnvironmentBaseWrapper):
+    """A batch whose second step waits for the test (`reached`, then `gate`)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.calls = 0
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def _step(self, action):
+        self.calls += 1
+        if self.calls == 2:
+            self.reached.set()
+            self.gate.wait(30)
+        return self._env.step(action)
+
+
+def test_acting_itself_each_step_reads_the_weights_as_it_acts():
+    # Step t's forward pass reads the variables once step t-1 is done, not
+    # when the unroll began: a variable changed during step 1 reaches steps
+    # 2 and 3 (here the train step a TrainStepStampedPolicy stamps).
+    inner = CountingEnvConstructor(batch_size=B)
+    batch = GatedBatch(inner().pyenv)
+    train_step = tf.Variable(0, dtype=tf.int64)
+    env = constructor("graph")()
+    policy = TrainStepStampedPolicy(
+        StatefulCountingPolicy(env.time_step_spec(), env.action_spec()), train_step)
+    driver = AsyncOffPolicyDriver(lambda: tf_py_environment.TFPyEnvironment(batch), policy,
+                                  num_actor_queues=0, unroll_length=T)
+    driver.start()
+    try:
+        assert batch.reached.wait(30)
+        train_step.assign(7)
+        batch.gate.set()
+        exp, _, _ = driver.get_training_exps()
+    finally:
+        driver.stop()
+    np.testing.assert_array_equal(exp.policy_info.train_step.numpy(), [[0, 0, 7, 7]] * B)

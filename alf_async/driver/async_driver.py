@@ -44,7 +44,7 @@ from alf_async.driver.env_rows import row_envs
 from alf_async.driver.env_thread import (QUEUE_CLOSED_ERRORS, EnvThread, blocks, own_action,
                                          takes_step_token, uses_python_env)
 from alf_async.driver.log_thread import LogThread
-from alf_async.driver.queues import TFQueues, check_queue_config
+from alf_async.driver.queues import TFQueues, check_pacing, check_queue_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class AsyncOffPolicyDriver(object):
 
     def __init__(self, env_constructor, policy, num_envs=1, num_actor_queues=1, unroll_length=8,
                  learn_queue_cap=1, actor_queue_cap=1, observers=(), metrics=(),
-                 exp_observers=(), stop_grace_period_secs=4.0):
+                 exp_observers=(), stop_grace_period_secs=4.0, batches_ahead=None):
         """
         Args:
             env_constructor: zero-arg callable returning a tf-agents TFEnvironment of batch
@@ -88,6 +88,16 @@ class AsyncOffPolicyDriver(object):
                 LogThread.
             exp_observers: callables(exp, env_ids) fed by `run_async()`.
             stop_grace_period_secs: how long `stop()` waits for the threads.
+            batches_ahead: None: each env thread begins its next unroll as
+                soon as it has shipped one (it then waits only for room in
+                the learn queue). k >= 1: the env threads begin at most k
+                learner batches (k * learn_queue_cap unrolls) that
+                `get_training_exps()` has not taken, so an unroll acts with
+                weights at most k batches' train steps older than those it
+                is trained with (an env thread waits for a permit before
+                each unroll). Needs at least as many unrolls as env threads
+                and env threads that begin their batch's unrolls together
+                (not rows stepped one by one).
 
         Raises:
             ValueError: a queue configuration that deadlocks, or environments
@@ -98,6 +108,8 @@ class AsyncOffPolicyDriver(object):
         """
         check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_cap,
                            unroll_length)
+        check_pacing(batches_ahead, num_envs, learn_queue_cap)
+        self._batches_ahead = batches_ahead
         for m in metrics:
             if not isinstance(m, metrics_lib.AsyncStepMetric):
                 raise TypeError(
@@ -134,7 +146,7 @@ class AsyncOffPolicyDriver(object):
             time_step_spec=self._policy.time_step_spec,
             policy_state_spec=self._policy.policy_state_spec,
             policy_step_spec=self._policy.policy_step_spec,
-            trajectory_spec=self._policy.trajectory_spec)
+            trajectory_spec=self._policy.trajectory_spec, batches_ahead=self._batches_ahead)
         q = self._queues
         # Env threads stepping rows one by one ask for some rows per request.
         by_rows = [row_envs(e) is not None for e in self._envs]
@@ -239,6 +251,9 @@ class AsyncOffPolicyDriver(object):
         try:
             # Rows are the queue's elements: already [rows, T, ...], no reshape.
             exp, env_ids = self._queues.learn_queue.dequeue_all()
+            if self._queues.permits is not None:
+                # One permit back per unroll taken (batches_ahead).
+                self._queues.permits.enqueue_many(tf.zeros([self._learn_queue_cap], tf.int32))
         except QUEUE_CLOSED_ERRORS:
             self._raise_stopped()
         return exp, env_ids, rows * self._unroll_length

@@ -53,7 +53,8 @@ the round trip (benchmarks/driver_cost.py), so there an actor is cheaper.
 Threads: `__init__` (the driver's constructing thread) traces the graph
 loop; `run()` is this thread; everything blocks inside the graph call
 (actor queue enqueue, return queue dequeue, log/learn queue enqueue, the
-environment's own step). Closing the queues ends the call; an environment
+environment's own step; paced by the driver's `batches_ahead`, the permit
+dequeue before each unroll). Closing the queues ends the call; an environment
 step in progress finishes first. The Python loops block in the same queue
 ops, and `_rows_loop` also waits at most 0.1 s at a time for ready rows
 (then checks for stop); its row workers are described in env_rows.py (on
@@ -197,6 +198,14 @@ class EnvThread(threading.Thread):
         self._T = unroll_length
         self._B = queues.env_batch_size
         self._step_token = step_token
+        self._permits = queues.permits
+        if self._permits is not None and row_envs(env) is not None:
+            raise ValueError(
+                f"{name}: batches_ahead paces env threads that begin each unroll of their "
+                f"batch at once; this one steps its rows one by one (row_envs: an EnvPool "
+                f"pool stepped asynchronously, separate blocking environments), each row "
+                f"beginning its unrolls on its own. Use batches_ahead=None, or a batch "
+                f"stepped as one (EnvPool: suite_envpool.stepping = 'lockstep')")
         self._batched_time_step_spec, self._batched_state_spec, _ = queues.actor_request_spec
         self._batched_policy_step_spec = batched_spec(queues.policy_step_spec, self._B)
         self._python_env = uses_python_env(env)
@@ -438,6 +447,9 @@ class EnvThread(threading.Thread):
                                               self._env.action_spec(), self._B)
                    if self._reports_applied else None)
         while True:
+            if self._permits is not None:   # paced: begin only with a permit
+                tf.raw_ops.QueueDequeueV2(handle=self._permits.queue.queue_ref,
+                                          component_types=[tf.int32])
             transitions = []
             for _ in range(self._T):
                 flat_step = self._ask(request, reply, step_dtypes, tf.nest.flatten(time_step),
@@ -523,19 +535,31 @@ class EnvThread(threading.Thread):
             waited = tf.timestamp() - start
         return tf.nest.pack_sequence_as(self._batched_policy_step_spec, flat_step), waited
 
-    def _unroll(self, flat_time_step, flat_state, env_ids):
+    def _unroll(self, flat_time_step, flat_state, env_ids, permit=None):
         """T steps; returns the Trajectory [B, T], the loop state after it
-        and the seconds waited for actions in it (None: not timed).
+        and the seconds waited for actions in it (None: not timed). Given a
+        `permit` (a dequeue of the permits queue), the first step's every op
+        waits for it, the policy's variable reads included: the unroll acts
+        with the weights of after the learner's `dequeue_all` that gave it.
 
         The T steps are written out in the graph (a Python loop at trace
         time) rather than run by an inner tf.while_loop with TensorArrays,
         which measured ~2x slower per step (benchmarks/throughput.py).
         """
         transitions, waits = [], []
-        for _ in range(self._T):
+        for t in range(self._T):
             time_step = tf.nest.pack_sequence_as(self._batched_time_step_spec, flat_time_step)
             state = tf.nest.pack_sequence_as(self._batched_state_spec, flat_state)
-            policy_step, waited = self._act(time_step, state, env_ids)
+            if t == 0:
+                begin = [] if permit is None else [permit]
+            else:
+                # Acting itself, step t's variable reads wait for step t-1's
+                # outcome: without the edge each ran as the unroll began (they
+                # take no data), so all T steps acted with the weights of
+                # its start (measured: a policy lag one unroll longer).
+                begin = flat_time_step if self._policy is not None else []
+            with tf.control_dependencies(begin):
+                policy_step, waited = self._act(time_step, state, env_ids)
             if waited is not None:
                 waits.append(waited)
             next_time_step = self._env_step(policy_step.action)
@@ -550,8 +574,10 @@ class EnvThread(threading.Thread):
         env_ids = tf.range(self._index * self._B, (self._index + 1) * self._B, dtype=tf.int32)
 
         def body(flat_time_step, flat_state):
+            # Paced (the driver's batches_ahead): begin only with a permit.
+            permit = None if self._permits is None else self._permits.queue.dequeue()
             flat_traj, flat_time_step, flat_state, waited = self._unroll(
-                flat_time_step, flat_state, env_ids)
+                flat_time_step, flat_state, env_ids, permit)
             unroll = flat_traj + [env_ids]
             logged = self._queues.log_queue.queue.enqueue_many(unroll)
             with tf.control_dependencies([logged]):

@@ -126,6 +126,10 @@ class TFQueues(object):
     - `log_queue` (capacity `log_queue_cap` rows): the same rows, for metrics.
     - `step_token` (capacity 1): the token graph-mode env threads hold while
       they step a Python environment.
+    - `permits` (with `batches_ahead`, else None; capacity `batches_ahead *
+      learn_queue_cap`, full at the start): an env thread takes one before
+      each unroll it begins, and the learner's `dequeue_all` gives back
+      `learn_queue_cap`, one per unroll it took (see `check_pacing`).
 
     A request of B rows is one queue element, not B: a round trip of one
     element through a graph actor took ~40 us of wall time and 0.1 context
@@ -138,7 +142,7 @@ class TFQueues(object):
 
     def __init__(self, num_envs, env_batch_size, learn_queue_cap, actor_queue_cap,
                  num_actor_queues, unroll_length, time_step_spec, policy_state_spec,
-                 policy_step_spec, trajectory_spec, log_queue_cap=None):
+                 policy_step_spec, trajectory_spec, log_queue_cap=None, batches_ahead=None):
         """
         Args:
             num_envs: number of env threads.
@@ -156,12 +160,15 @@ class TFQueues(object):
             trajectory_spec: the unbatched Trajectory spec nest.
             log_queue_cap: capacity of the log queue in rows (default
                 2 * num_envs * B).
+            batches_ahead: None, or the learner batches the env threads may
+                have begun and the learner not yet taken (the `permits`).
 
         Raises:
             ValueError: for a configuration that is empty or cannot work.
         """
         check_queue_config(num_envs, num_actor_queues, actor_queue_cap,
                            learn_queue_cap, unroll_length)
+        check_pacing(batches_ahead, num_envs, learn_queue_cap)
         B = env_batch_size
         self.num_envs = num_envs
         self.env_batch_size = B
@@ -195,10 +202,16 @@ class TFQueues(object):
         # step (see EnvThread._env_step); closing it wakes a thread waiting.
         self.step_token = NestFIFOQueue(1, tf.TensorSpec([], tf.int32), "step_token")
         self.step_token.enqueue(0)
+        self.permits = None
+        if batches_ahead is not None:
+            num_permits = batches_ahead * learn_queue_cap
+            self.permits = NestFIFOQueue(num_permits, tf.TensorSpec([], tf.int32), "permits")
+            self.permits.enqueue_many(tf.zeros([num_permits], tf.int32))
 
     def all_queues(self):
         return (self.actor_queues + self.action_return_queues +
-                [self.learn_queue, self.log_queue, self.step_token])
+                [self.learn_queue, self.log_queue, self.step_token] +
+                ([self.permits] if self.permits is not None else []))
 
     def close_all(self):
         """Closes every queue, cancelling blocked enqueues and dequeues. Idempotent."""
@@ -231,3 +244,28 @@ def check_queue_config(num_envs, num_actor_queues, actor_queue_cap, learn_queue_
             f"env thread i sends to actor queue i % num_actor_queues, so actor queue "
             f"{num_envs} would never get a request. Lower num_actor_queues or raise "
             f"num_envs.")
+
+
+def check_pacing(batches_ahead, num_envs, learn_queue_cap):
+    """Refuses a `batches_ahead` that is not None or an integer >= 1, or that
+    leaves an env thread idle for good.
+
+    With `batches_ahead = k` the env threads may have begun at most k
+    learner batches (k * learn_queue_cap unrolls) that the learner has not
+    taken: an env thread takes a permit before each unroll, and each
+    `dequeue_all` gives back one per unroll taken. That bounds how far the
+    policy that acted trails the one that learns (the policy lag) to the
+    train steps of k batches. With fewer permits than env threads, some
+    would never collect.
+    """
+    if batches_ahead is None:
+        return
+    if not isinstance(batches_ahead, int) or isinstance(batches_ahead, bool) or batches_ahead < 1:
+        raise ValueError(f"batches_ahead must be None (the env threads collect whenever the "
+                         f"learn queue has room) or an integer >= 1, got {batches_ahead!r}")
+    if num_envs > batches_ahead * learn_queue_cap:
+        raise ValueError(
+            f"batches_ahead={batches_ahead} lets {batches_ahead} x learn_queue_cap "
+            f"{learn_queue_cap} = {batches_ahead * learn_queue_cap} unrolls be collected at "
+            f"once, fewer than the {num_envs} env threads: raise batches_ahead or "
+            f"learn_queue_cap to at least {num_envs} unrolls, or run fewer env threads")

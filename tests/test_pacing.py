@@ -1,0 +1,185 @@
+"""Paced env threads (`AsyncOffPolicyDriver(..., batches_ahead=k)`): the
+policy lag is at most k batches, trajectories are those of the unpaced
+driver row by row, stop() within 5 s of a thread waiting for a permit, and
+configurations that cannot pace are refused with one line."""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.environments import tf_py_environment, wrappers
+
+from alf_async import AsyncOffPolicyDriver
+from alf_async.learning.policy_lag import TrainStepStampedPolicy
+from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
+from alf_async.testing.policies import StatefulCountingPolicy
+from cli_runs import run_train_cli  # tests/ is on sys.path
+from conftest import driver_threads
+from test_trainer import read_scalars  # noqa: E402
+from test_unroll_training import ENV  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+B, T = 2, 4
+
+
+class BlockingBatch(wrappers.PyEnvironmentBaseWrapper):
+    """CountingEnvs stepped as one blocking batch: the env thread's Python loop."""
+
+    blocking_step = True
+
+
+def constructor(path):
+    """Environments the driver steps in its graph loop ('graph'), its
+    Python loop ('python') or row by row ('rows')."""
+    inner = CountingEnvConstructor(batch_size=B, episode_length=lambda i: 3 + i % 4)
+    if path == "graph":
+        return inner
+    if path == "rows":
+        return CountingEnvConstructor(batch_size=B, env_cls=BlockingCountingEnv, latency=0.0)
+    return lambda: tf_py_environment.TFPyEnvironment(BlockingBatch(inner().pyenv))
+
+
+def policy_for(path, train_step=None):
+    env = constructor("graph")()
+    policy = StatefulCountingPolicy(env.time_step_spec(), env.action_spec())
+    return policy if train_step is None else TrainStepStampedPolicy(policy, train_step)
+
+
+def batch_lags(path, num_actor_queues, batches_ahead, batches=6):
+    """One env thread, one unroll per batch. The learner's loop as a test:
+    take batch k, wait 0.2 s (the env thread meanwhile collects what it
+    may), then count it trained (the stamp goes to k + 1). Returns each
+    batch's lag: k minus the oldest stamp it holds."""
+    train_step = tf.Variable(0, dtype=tf.int64)
+    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path, train_step),
+                                  num_actor_queues=num_actor_queues, unroll_length=T,
+                                  learn_queue_cap=1, batches_ahead=batches_ahead)
+    lags = []
+    driver.start()
+    try:
+        for k in range(batches):
+            exp, _, _ = driver.get_training_exps()
+            lags.append(k - int(tf.reduce_min(exp.policy_info.train_step)))
+            time.sleep(0.2)
+            train_step.assign(k + 1)
+    finally:
+        driver.stop()
+    return lags
+
+
+@pytest.mark.parametrize("path, num_actor_queues", [("graph", 0), ("graph", 1),
+                                                    ("python", 0), ("python", 1)])
+def test_an_unroll_begins_only_once_the_learner_took_the_one_before(path, num_actor_queues):
+    paced = batch_lags(path, num_actor_queues, batches_ahead=1)
+    # Unpaced (and with two batches ahead, the same here: the learn queue
+    # holds one), the env thread runs a batch further ahead.
+    unpaced = batch_lags(path, num_actor_queues, batches_ahead=None)
+    two_ahead = batch_lags(path, num_actor_queues, batches_ahead=2)
+    # Paced, each batch was begun once the one before was taken, so it
+    # lags at most one (exactly one where the thread acted in the 0.2 s).
+    assert paced[0] == 0 and max(paced) == 1, paced
+    assert unpaced == two_ahead == [0, 1, 2, 2, 2, 2], (unpaced, two_ahead)
+
+
+def unrolls_by_env(path, batches_ahead, num_envs=3, per_env=5):
+    """env id -> (observations, actions) of its first `per_env` unrolls."""
+    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path), num_envs=num_envs,
+                                  num_actor_queues=0, unroll_length=T,
+                                  learn_queue_cap=num_envs, batches_ahead=batches_ahead)
+    rows = {}
+    driver.start()
+    try:
+        while len(rows) < num_envs * B or min(len(r) for r in rows.values()) < per_env:
+            exp, env_ids, _ = driver.get_training_exps()
+            for r, env_id in enumerate(env_ids.numpy()):
+                rows.setdefault(int(env_id), []).append(
+                    (exp.observation[r].numpy(), exp.action[r].numpy()))
+    finally:
+        driver.stop()
+    return {k: v[:per_env] for k, v in rows.items()}
+
+
+@pytest.mark.parametrize("path", ["graph", "python"])
+def test_paced_trajectories_equal_the_unpaced_row_by_row(path):
+    paced, unpaced = unrolls_by_env(path, 1), unrolls_by_env(path, None)
+    assert sorted(paced) == sorted(unpaced) == list(range(3 * B))
+    for env_id, unrolls in paced.items():
+        for (obs_a, act_a), (obs_b, act_b) in zip(unrolls, unpaced[env_id]):
+            np.testing.assert_array_equal(obs_a, obs_b)
+            np.testing.assert_array_equal(act_a, act_b)
+        obs = np.concatenate([o for o, _ in unrolls])
+        np.testing.assert_array_equal(np.diff(obs[:, 1]), np.ones(len(obs) - 1))
+
+
+@pytest.mark.parametrize("path", ["graph", "python"])
+def test_stop_within_5_s_of_a_thread_waiting_for_a_permit(path):
+    before = driver_threads()
+    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path), num_envs=2,
+                                  num_actor_queues=1, unroll_length=T, learn_queue_cap=2,
+                                  batches_ahead=1)
+    driver.start()
+    driver.get_training_exps()
+    deadline = time.monotonic() + 30
+    while driver.get_perf_stats()["learn_queue_size"] < 2 * B:  # both wait for a permit
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start = time.monotonic()
+    driver.stop()
+    assert time.monotonic() - start < 5.0
+    assert driver_threads() == before
+    assert driver.get_perf_stats()["env_steps"] == 2 * 2 * B * T   # two batches, no more
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batches_ahead=0), r"^batches_ahead must be None \(the env threads collect whenever "
+                            r"the learn queue has room\) or an integer >= 1, got 0$"),
+    (dict(num_envs=3, learn_queue_cap=2, batches_ahead=1),
+     r"^batches_ahead=1 lets 1 x learn_queue_cap 2 = 2 unrolls be collected at once, fewer "
+     r"than the 3 env threads: raise batches_ahead or learn_queue_cap to at least 3 unrolls, "
+     r"or run fewer env threads$"),
+])
+def test_a_pacing_that_cannot_work_is_refused_with_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AsyncOffPolicyDriver(constructor("graph"), policy_for("graph"), unroll_length=T,
+                             **kwargs)
+
+
+def test_rows_stepped_one_by_one_are_refused_and_their_environments_closed():
+    factory = constructor("rows")
+    with pytest.raises(ValueError, match=r"^env0: batches_ahead paces env threads that begin "
+                                         r"each unroll of their batch at once"):
+        AsyncOffPolicyDriver(factory, policy_for("rows"), unroll_length=T, batches_ahead=1)
+    assert len(factory.created) == 1
+    assert all(env.closed for env in factory.created[0].counting_envs)
+
+
+@pytest.mark.timeout(150)
+def test_ppo_cartpole_paced_one_batch_ahead_lags_at_most_one_batch(tmp_path):
+    # 16 gradient steps per batch: an unroll begun once the learner took the
+    # batch before is trained at most 16 steps after it acted, all but its
+    # last step, which is trained with the row's next unroll (OneTimeReplayer
+    # links them): at most 32 steps after. Of the 64 trained per row, 63 lag
+    # at most 16 and one at most 32.
+    proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [
+        "train.batches_ahead = 1", "train.num_iterations = 8", "train.num_eval_episodes = 0",
+        "train.stop_at_eval_return = None"], timeout=140, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(str(tmp_path / "train"))
+    mean = [v for _, v in scalars["Learner/policy_lag"]]
+    most = [v for _, v in scalars["Learner/policy_lag_max"]]
+    assert len(most) >= 8 and 16 <= max(most) <= 32, most
+    assert max(mean) <= (63 * 16 + 32) / 64, mean
+
+
+@pytest.mark.timeout(150)
+def test_train_refuses_a_pacing_that_leaves_an_env_thread_idle(tmp_path):
+    proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [
+        "train.batches_ahead = 1", "train.learn_queue_cap = 1"], timeout=140, env=ENV)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if "alf-async-train: error:" in line]
+    assert lines == ["alf-async-train: error: train.batches_ahead = 1 lets 1 x "
+                     "train.learn_queue_cap 1 unrolls be collected at once, fewer than the 2 "
+                     "env threads (train.num_envs): raise one of them"], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
