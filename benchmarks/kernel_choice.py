@@ -59,7 +59,7 @@ def parts(gin_file, part_secs, seed=0):
     from alf_async.environments import suites
     from alf_async.learning.learner import Learner
     q = gin.query_parameter
-    rows = q("train.env_batch_size") * q("train.actor_queue_cap")
+    rows = step_breakdown.forward_rows("alf_async")
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
     agent = wcl._agent(env, tf.Variable(0, dtype=tf.int64))
     env.close()

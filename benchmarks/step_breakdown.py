@@ -41,8 +41,9 @@ Kernels: chosen as alf-async-train chooses them (`alf_async.kernels`);
 TensorFlow's defaults; both sides' children run under the same choice,
 which each record's host says.
 
-The sides' rows: alf_async's actors batch `actor_queue_cap` env threads of
-`env_batch_size` games; the synchronous loop steps and acts on all
+The sides' rows (`forward_rows`): alf_async's actors batch `actor_queue_cap`
+env threads of `env_batch_size` games (an env thread acting itself, its own
+`env_batch_size`); the synchronous loop steps and acts on all
 `num_envs x env_batch_size` games at once. What it prints: benchmarks/README.md.
 """
 
@@ -105,6 +106,26 @@ class Window(object):
                                                - first["context_switches"]) / steps,
                     threads_ms={k: per_step(v) for k, v in thread_cpu.split(first, last).items()})
 
+
+
+def forward_rows(side):
+    """Rows per forward pass as `side` runs the parsed gin config: alf_async's
+    actors batch `actor_queue_cap` env threads of `env_batch_size` games, an
+    env thread acting itself (`num_actor_queues = 0`) its own
+    `env_batch_size`; the synchronous loop all `num_envs x env_batch_size`."""
+    import gin
+
+    def bound(name, default):
+        try:
+            return gin.query_parameter(name)
+        except ValueError:  # not bound: train()'s default
+            return default
+
+    batch = gin.query_parameter("train.env_batch_size")
+    if side != "alf_async":
+        return batch * bound("train.num_envs", 1)
+    return batch * (bound("train.actor_queue_cap", 1) if bound("train.num_actor_queues", 1)
+                    else 1)
 
 def env_alone(py_env, secs, seed=0):
     """CPU ms per env step of a batched Python environment stepped alone,
@@ -255,8 +276,7 @@ def one_run(args):
     import tensorflow as tf
     from alf_async.environments import suites
     q = gin.query_parameter
-    rows = q("train.env_batch_size") * (q("train.actor_queue_cap") if args.one == "alf_async"
-                                        else q("train.num_envs"))
+    rows = forward_rows(args.one)
     env = suites.load(q("train.suite"), q("train.env_name"), batch_size=rows, seed=args.seed)
     agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
                                        tf.Variable(0, dtype=tf.int64))

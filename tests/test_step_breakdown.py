@@ -127,3 +127,23 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
     # The kernels chosen for ppo_cartpole.gin (dense): TensorFlow's default.
     assert record["host"]["kernels"]["choice"] == "auto"
     assert "whole run" in proc.stdout and "driver (the rest)" in proc.stdout
+
+
+@pytest.mark.parametrize("bindings, side, rows", [
+    ([], "alf_async", 8),                       # ppo_pong.gin: one env thread of 8 acting itself
+    ([], "tf_agents", 8),
+    (["train.num_envs = 2", "train.env_batch_size = 4", "train.num_actor_queues = 1",
+      "train.actor_queue_cap = 2"], "alf_async", 8),   # an actor batching 2 env threads of 4
+    (["train.num_envs = 2", "train.env_batch_size = 4", "train.num_actor_queues = 2"],
+     "alf_async", 4),                           # actor_queue_cap unbound: train()'s 1
+])
+def test_forward_rows_follow_the_layout_the_gin_file_gives(bindings, side, rows):
+    import gin
+    import step_breakdown
+    from alf_async.bin.train import parse_gin
+    gin.clear_config()
+    try:
+        parse_gin([os.path.join(REPO, "gin_configs", "ppo_pong.gin")], bindings)
+        assert step_breakdown.forward_rows(side) == rows
+    finally:
+        gin.clear_config()
