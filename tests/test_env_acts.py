@@ -55,14 +55,15 @@ def constructor(path):
     return build
 
 
-def unrolls_by_env(num_actor_queues, path, per_env=5, policy_cls=StatefulCountingPolicy):
+def unrolls_by_env(num_actor_queues, path, per_env=5, policy_cls=StatefulCountingPolicy,
+                   learn_queue_cap=1, batches_ahead=None):
     """env id -> its first `per_env` unrolls, (observation, action, policy
-    state, step type), in order."""
+    state, step type), in order, and the driver's perf stats."""
     env = constructor("graph")()
     policy = policy_cls(env.time_step_spec(), env.action_spec())
     driver = AsyncOffPolicyDriver(constructor(path), policy, num_envs=NUM_ENVS,
                                   num_actor_queues=num_actor_queues, unroll_length=T,
-                                  learn_queue_cap=1)
+                                  learn_queue_cap=learn_queue_cap, batches_ahead=batches_ahead)
     rows = {}
     driver.start()
     try:

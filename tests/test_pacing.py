@@ -10,40 +10,20 @@ import gin
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_agents.environments import tf_py_environment, wrappers
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.learning.policy_lag import TrainStepStampedPolicy
-from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import StatefulCountingPolicy
 from cli_runs import REPO, run_train_cli  # tests/ is on sys.path
 from conftest import driver_threads
+from test_env_acts import B, NUM_ENVS, T, constructor, unrolls_by_env  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 from test_unroll_training import ENV  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
-B, T = 2, 4
-
-
-class BlockingBatch(wrappers.PyEnvironmentBaseWrapper):
-    """CountingEnvs stepped as one blocking batch: the env thread's Python loop."""
-
-    blocking_step = True
-
-
-def constructor(path):
-    """Environments the driver steps in its graph loop ('graph'), its
-    Python loop ('python') or row by row ('rows')."""
-    inner = CountingEnvConstructor(batch_size=B, episode_length=lambda i: 3 + i % 4)
-    if path == "graph":
-        return inner
-    if path == "rows":
-        return CountingEnvConstructor(batch_size=B, env_cls=BlockingCountingEnv, latency=0.0)
-    return lambda: tf_py_environment.TFPyEnvironment(BlockingBatch(inner().pyenv))
-
-
-def policy_for(path, train_step=None):
+def policy_for(train_step=None):
+    """StatefulCountingPolicy, its steps stamped with `train_step` if given."""
     env = constructor("graph")()
     policy = StatefulCountingPolicy(env.time_step_spec(), env.action_spec())
     return policy if train_step is None else TrainStepStampedPolicy(policy, train_step)
@@ -55,7 +35,7 @@ def batch_lags(path, num_actor_queues, batches_ahead, batches=6):
     may), then count it trained (the stamp goes to k + 1). Returns each
     batch's lag: k minus the oldest stamp it holds."""
     train_step = tf.Variable(0, dtype=tf.int64)
-    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path, train_step),
+    driver = AsyncOffPolicyDriver(constructor(path), policy_for(train_step),
                                   num_actor_queues=num_actor_queues, unroll_length=T,
                                   learn_queue_cap=1, batches_ahead=batches_ahead)
     lags = []
@@ -85,40 +65,25 @@ def test_an_unroll_begins_only_once_the_learner_took_the_one_before(path, num_ac
     assert unpaced == two_ahead == [0, 1, 2, 2, 2, 2], (unpaced, two_ahead)
 
 
-def unrolls_by_env(path, batches_ahead, num_envs=3, per_env=5):
-    """env id -> (observations, actions) of its first `per_env` unrolls."""
-    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path), num_envs=num_envs,
-                                  num_actor_queues=0, unroll_length=T,
-                                  learn_queue_cap=num_envs, batches_ahead=batches_ahead)
-    rows = {}
-    driver.start()
-    try:
-        while len(rows) < num_envs * B or min(len(r) for r in rows.values()) < per_env:
-            exp, env_ids, _ = driver.get_training_exps()
-            for r, env_id in enumerate(env_ids.numpy()):
-                rows.setdefault(int(env_id), []).append(
-                    (exp.observation[r].numpy(), exp.action[r].numpy()))
-    finally:
-        driver.stop()
-    return {k: v[:per_env] for k, v in rows.items()}
-
-
 @pytest.mark.parametrize("path", ["graph", "python"])
 def test_paced_trajectories_equal_the_unpaced_row_by_row(path):
-    paced, unpaced = unrolls_by_env(path, 1), unrolls_by_env(path, None)
-    assert sorted(paced) == sorted(unpaced) == list(range(3 * B))
+    # Three env threads acting themselves, batches of 3 unrolls, paced one
+    # batch ahead against unpaced.
+    paced, _ = unrolls_by_env(0, path, learn_queue_cap=NUM_ENVS, batches_ahead=1)
+    unpaced, _ = unrolls_by_env(0, path, learn_queue_cap=NUM_ENVS)
+    assert sorted(paced) == sorted(unpaced) == list(range(NUM_ENVS * B))
     for env_id, unrolls in paced.items():
-        for (obs_a, act_a), (obs_b, act_b) in zip(unrolls, unpaced[env_id]):
+        for (obs_a, act_a, _, _), (obs_b, act_b, _, _) in zip(unrolls, unpaced[env_id]):
             np.testing.assert_array_equal(obs_a, obs_b)
             np.testing.assert_array_equal(act_a, act_b)
-        obs = np.concatenate([o for o, _ in unrolls])
+        obs = np.concatenate([o for o, _, _, _ in unrolls])
         np.testing.assert_array_equal(np.diff(obs[:, 1]), np.ones(len(obs) - 1))
 
 
 @pytest.mark.parametrize("path", ["graph", "python"])
 def test_stop_within_5_s_of_a_thread_waiting_for_a_permit(path):
     before = driver_threads()
-    driver = AsyncOffPolicyDriver(constructor(path), policy_for(path), num_envs=2,
+    driver = AsyncOffPolicyDriver(constructor(path), policy_for(), num_envs=2,
                                   num_actor_queues=1, unroll_length=T, learn_queue_cap=2,
                                   batches_ahead=1)
     driver.start()
@@ -144,7 +109,7 @@ def test_stop_within_5_s_of_a_thread_waiting_for_a_permit(path):
 ])
 def test_a_pacing_that_cannot_work_is_refused_with_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        AsyncOffPolicyDriver(constructor("graph"), policy_for("graph"), unroll_length=T,
+        AsyncOffPolicyDriver(constructor("graph"), policy_for(), unroll_length=T,
                              **kwargs)
 
 
@@ -152,7 +117,7 @@ def test_rows_stepped_one_by_one_are_refused_and_their_environments_closed():
     factory = constructor("rows")
     with pytest.raises(ValueError, match=r"^env0: batches_ahead paces env threads that begin "
                                          r"each unroll of their batch at once"):
-        AsyncOffPolicyDriver(factory, policy_for("rows"), unroll_length=T, batches_ahead=1)
+        AsyncOffPolicyDriver(factory, policy_for(), unroll_length=T, batches_ahead=1)
     assert len(factory.created) == 1
     assert all(env.closed for env in factory.created[0].counting_envs)
 
