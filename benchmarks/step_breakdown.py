@@ -107,25 +107,19 @@ class Window(object):
                     threads_ms={k: per_step(v) for k, v in thread_cpu.split(first, last).items()})
 
 
-
 def forward_rows(side):
     """Rows per forward pass as `side` runs the parsed gin config: alf_async's
     actors batch `actor_queue_cap` env threads of `env_batch_size` games, an
     env thread acting itself (`num_actor_queues = 0`) its own
     `env_batch_size`; the synchronous loop all `num_envs x env_batch_size`."""
     import gin
-
-    def bound(name, default):
-        try:
-            return gin.query_parameter(name)
-        except ValueError:  # not bound: train()'s default
-            return default
-
+    import wall_clock_learning as wcl
+    q = wcl._query  # the bound value, else train()'s default
     batch = gin.query_parameter("train.env_batch_size")
     if side != "alf_async":
-        return batch * bound("train.num_envs", 1)
-    return batch * (bound("train.actor_queue_cap", 1) if bound("train.num_actor_queues", 1)
-                    else 1)
+        return batch * q("train.num_envs", 1)
+    return batch * (q("train.actor_queue_cap", 1) if q("train.num_actor_queues", 1) else 1)
+
 
 def env_alone(py_env, secs, seed=0):
     """CPU ms per env step of a batched Python environment stepped alone,
