@@ -39,7 +39,9 @@ first trace, as alf_async's agent builders do (agents.build_optimizer);
 
 It also prints, for each env-step count at which runs solved, the median
 time of each side's runs that solved there: the speed comparison without the
-luck of which evaluation each side happened to solve at.
+luck of which evaluation each side happened to solve at. Per side it prints
+the median train steps to solve and seconds per 1,000 train steps of the
+runs that solved: whether a side needs more updates or slower ones.
 
 docs/performance.md ("Time to solve") has the current figures and their
 commands; benchmarks/results/HISTORY.md when and at which commit each was
@@ -153,8 +155,8 @@ def run_sync(seed, cap, sync_env, prebuild):
         if after // eval_interval > before // eval_interval:
             average_return, _ = evaluator()
             if average_return >= SOLVED:
-                return time.monotonic() - start, env_steps
-    return None, env_steps
+                return time.monotonic() - start, env_steps, int(global_step)
+    return None, env_steps, int(global_step)
 
 
 def _run_sync_unrolls(env, eval_env, global_step, cap, eval_interval):
@@ -175,19 +177,20 @@ def _run_sync_unrolls(env, eval_env, global_step, cap, eval_interval):
         if after // eval_interval > before // eval_interval:
             average_return, _ = evaluator()
             if average_return >= SOLVED:
-                return time.monotonic() - start, loop.env_steps
-    return None, loop.env_steps
+                return time.monotonic() - start, loop.env_steps, int(global_step)
+    return None, loop.env_steps, int(global_step)
 
 
 def one_run(args):
     _parse_gin(args.gin_file, args.gin_param)
     if args.one == "async":
         result = run_async(args.seed, args.cap, args.root_dir)
-        secs, env_steps = result.solved_secs, result.env_steps
+        secs, env_steps, train_steps = result.solved_secs, result.env_steps, result.global_step
     else:
-        secs, env_steps = run_sync(args.seed, args.cap, args.sync_env,
-                                   args.sync_prebuild == "yes")
-    print(json.dumps({"secs": secs, "env_steps": env_steps}), flush=True)
+        secs, env_steps, train_steps = run_sync(args.seed, args.cap, args.sync_env,
+                                                args.sync_prebuild == "yes")
+    print(json.dumps({"secs": secs, "env_steps": env_steps, "train_steps": train_steps}),
+          flush=True)
 
 
 def spawn(kind, seed, args, root_dir):
@@ -229,6 +232,7 @@ def main():
     prebuilds = {"no": [""], "yes": [":prebuilt"], "both": ["", ":prebuilt"]}[args.sync_prebuild]
     times.update({f"sync:{e}{p}": [] for e in sync_envs for p in prebuilds})
     steps = {kind: [] for kind in times}
+    trained = {kind: [] for kind in times}
     print(f"CartPole-v0 time to first eval AverageReturn >= {SOLVED:.0f}: {args.gin_file}, "
           f"seeds {args.seeds}, cap {args.cap:.0f} s per run, sync env {args.sync_env}",
           flush=True)
@@ -240,9 +244,10 @@ def main():
             shutil.rmtree(root_dir, ignore_errors=True)
             times[kind].append(result["secs"])
             steps[kind].append(result["env_steps"])
+            trained[kind].append(result["train_steps"])
             shown = "not solved" if result["secs"] is None else f"{result['secs']:.1f} s"
-            print(f"  seed {seed:3d} {kind:24s}: {shown:>11s}  ({result['env_steps']} env steps)",
-                  flush=True)
+            print(f"  seed {seed:3d} {kind:24s}: {shown:>11s}  ({result['env_steps']} env steps, "
+                  f"{result['train_steps']} train steps)", flush=True)
     medians = {}
     for kind, values in times.items():
         # An unsolved run counts as the cap (a lower bound of its time).
@@ -251,6 +256,13 @@ def main():
         unsolved = sum(v is None for v in values)
         print(f"{kind:24s}: median {medians[kind]:.1f} s over {len(values)} runs, "
               f"{unsolved} not solved within {args.cap:.0f} s")
+        # Time to solve = train steps to solve x seconds per train step:
+        # whether a side needs more updates or slower ones.
+        solved = [(v, n) for v, n in zip(values, trained[kind]) if v is not None]
+        if solved:
+            print(f"{'':24s}  solved runs: median {statistics.median(n for _, n in solved)} "
+                  f"train steps, {statistics.median(1000 * v / n for v, n in solved):.1f} s "
+                  f"per 1000 train steps")
     for kind in times:
         if kind != "async":
             print(f"ratio of medians async / {kind}: {medians['async'] / medians[kind]:.2f}")
