@@ -345,8 +345,9 @@ def test_stop_returns_quickly_and_leaves_no_thread(state):
 
 
 def test_stop_from_another_thread_wakes_a_blocked_learner():
-    # learn_queue_cap 1000 with one env: the learner waits for a very long time.
-    driver = make(CountingEnvConstructor(), num_envs=1, unroll_length=2, learn_queue_cap=1000)
+    # learn_queue_cap 1,000,000 with one env: the learner waits for minutes
+    # (1,000 unrolls took under 0.5 s on an AVX-512 EPYC).
+    driver = make(CountingEnvConstructor(), num_envs=1, unroll_length=2, learn_queue_cap=1_000_000)
     driver.start()
     outcome = {}
 
