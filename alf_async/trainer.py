@@ -510,6 +510,10 @@ def _build_collection(root_dir, env_name, agent, suite, make_env_constructor, re
         if getattr(replayer_fn, "takes_checkpoint_dir", False):
             # Replay storage outside TF's checkpoint (Reverb's own checkpointer).
             replayer_args["checkpoint_dir"] = os.path.join(root_dir, "replay")
+        if getattr(replayer_fn, "takes_batch_rows", False):
+            # Its batch variables made now: the learner traces its train
+            # iteration while the driver collects the first batch.
+            replayer_args["batch_rows"] = learn_queue_cap * env_batch_size
         collect_policy = agent.collect_policy
         unrolls = agents.trains_on_unrolls(agent)
         if unrolls:

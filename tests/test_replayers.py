@@ -199,6 +199,56 @@ def test_one_time_replayer_links_each_rows_unrolls_by_their_shared_step():
     assert replayer.num_frames() == 2 * 5
 
 
+def _trajectory_spec():
+    """The spec of one step of `_trajectory`'s rows."""
+    return trajectory.Trajectory(
+        step_type=tf.TensorSpec([], tf.int32), observation=tf.TensorSpec([], tf.int64),
+        action=tf.TensorSpec([], tf.int64), policy_info=(),
+        next_step_type=tf.TensorSpec([], tf.int32), reward=tf.TensorSpec([], tf.float32),
+        discount=tf.TensorSpec([], tf.float32))
+
+
+def test_one_time_replayer_with_batch_rows_is_traced_before_its_first_batch():
+    """Given its batch's rows, the variables exist at construction: a sample
+    traced before any batch reads each batch that comes; a batch of other
+    rows is refused and the kept one stays."""
+    assert not OneTimeReplayer().traceable_before_data
+    replayer = OneTimeReplayer(_trajectory_spec(), num_rows=4, batch_rows=2)
+    assert replayer.traceable_before_data
+    assert not replayer.can_sample(None) and replayer.num_frames() == 0
+    sample = tf.function(lambda: replayer.sample()).get_concrete_function()
+    replayer.trace()   # the linking, for batches of any length: nothing written
+    assert not replayer.can_sample(None) and replayer.num_frames() == 0
+    with pytest.raises(ValueError, match="before any experience was observed"):
+        replayer.sample()
+    replayer(_trajectory([3, 1], [0, 100], 4), np.array([3, 1], np.int32))
+    assert replayer.can_sample(None) and replayer.num_frames() == 2 * 5
+    np.testing.assert_array_equal(sample().observation.numpy(), [[0, 0, 1, 2, 3],
+                                                                 [100, 100, 101, 102, 103]])
+    replayer(_trajectory([1, 3], [104, 4], 4), np.array([1, 3], np.int32))
+    np.testing.assert_array_equal(sample().observation.numpy(), [[103, 104, 105, 106, 107],
+                                                                 [3, 4, 5, 6, 7]])
+    with pytest.raises(ValueError, match=r"^OneTimeReplayer\(batch_rows=2\) was given a "
+                                         r"batch of 3 rows$"):
+        replayer(_trajectory([0, 1, 3], [0, 108, 8], 4), np.array([0, 1, 3], np.int32))
+    np.testing.assert_array_equal(sample().observation.numpy()[:, 1], [104, 4])
+    replayer(_trajectory([3, 1], [8, 108], 2), np.array([3, 1], np.int32))  # shorter
+    np.testing.assert_array_equal(sample().observation.numpy(), [[7, 8, 9], [107, 108, 109]])
+    # Unlinked: the batch as dequeued, read by a function traced before it came.
+    unlinked = OneTimeReplayer(SPEC, link_unrolls=False, batch_rows=2)
+    windows = tf.function(lambda: unlinked.sample(num_steps=5)).get_concrete_function()
+    unlinked(_unroll([0, 2], [7, 9], 5), np.array([0, 2], np.int32))
+    np.testing.assert_array_equal(windows()["counter"].numpy()[:, 0], [7, 9])
+
+
+@pytest.mark.parametrize("kwargs", [dict(batch_rows=2), dict(data_spec=SPEC, batch_rows=0),
+                                    dict(data_spec=SPEC, batch_rows=True)])
+def test_one_time_replayer_refuses_batch_rows_it_cannot_use(kwargs):
+    with pytest.raises(ValueError, match=r"^OneTimeReplayer\(batch_rows=\.\.\.\) needs an int "
+                                         r">= 1 and the data_spec"):
+        OneTimeReplayer(**kwargs)
+
+
 def test_one_time_replayer_does_not_link_an_unroll_that_starts_anew():
     """A restarted environment's unroll starts with FIRST where the kept
     step expected MID: the kept step is not its predecessor."""

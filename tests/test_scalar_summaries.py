@@ -52,3 +52,13 @@ def test_scalar_summaries_write_to_their_writer_whatever_the_context(tmp_path):
     assert read_scalars(str(tmp_path / "ours")) == {"a": [(10, 1.5), (20, -4.0)],
                                                      "b": [(3, 2.0)]}
     assert read_scalars(str(tmp_path / "other")) == {}
+
+
+def test_warm_up_writes_nothing_and_later_writes_are_the_points(tmp_path):
+    summaries = ScalarSummaries(tf.summary.create_file_writer(str(tmp_path / "ours")))
+    summaries.warm_up()
+    summaries.flush()
+    assert read_scalars(str(tmp_path / "ours")) == {}
+    summaries.write({"a": (0.5, 4)})
+    summaries.flush()
+    assert read_scalars(str(tmp_path / "ours")) == {"a": [(4, 0.5)]}

@@ -183,11 +183,24 @@ def test_environment_restarts_are_summarised(tmp_path, smoke_gin):
     assert restarts[-1][1] == 3 * 2  # two env threads
 
 
+class _BatchRowsRecorded(replayers.OneTimeReplayer):
+    """A OneTimeReplayer that keeps the batch_rows each construction was given."""
+    given = []
+
+    def __init__(self, *args, batch_rows=None, **kwargs):
+        _BatchRowsRecorded.given.append(batch_rows)
+        super().__init__(*args, batch_rows=batch_rows, **kwargs)
+
+
 def test_one_time_replayer_reaches_the_learner(tmp_path, smoke_gin):
-    result = trainer.train(str(tmp_path), replayer_fn=replayers.OneTimeReplayer,
+    """Given the learner's batch rows (learn_queue_cap 1 x env batch 2 of
+    the 4 rows), so the train iteration is traced before the first batch."""
+    _BatchRowsRecorded.given = []
+    result = trainer.train(str(tmp_path), replayer_fn=_BatchRowsRecorded,
                            num_iterations=10, train_steps_per_iteration=1,
                            print_fn=lambda line: None)
     assert result.global_step == 10 - 32 // 8 + 1
+    assert _BatchRowsRecorded.given == [2]
 
 
 def test_sac_plugs_in(tmp_path):

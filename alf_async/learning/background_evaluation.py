@@ -109,9 +109,6 @@ class BackgroundEvaluationHook(EvaluationHook):
         self._running = None   # (future, train step, env steps)
         self.not_made = 0
 
-    def training_started(self, learner):
-        learner.warm_up.submit("eval", self._trace)
-
     def after_iteration(self, learner, train_step_before, train_step):
         solved_before = self.solved_secs
         self._record_finished(learner, wait=False)
@@ -142,7 +139,6 @@ class BackgroundEvaluationHook(EvaluationHook):
         if self._running is not None:
             self.not_made += 1
             return
-        learner.warm_up.wait("eval")
         self._snapshot()
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(

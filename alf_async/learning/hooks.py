@@ -47,6 +47,7 @@ class SummaryHook(Hook):
         if learner.summary_writer is None:
             raise ValueError("SummaryHook needs a Learner with a summary_writer")
         self._summaries = ScalarSummaries(learner.summary_writer)
+        self._summaries.warm_up()   # while the driver collects its first batch
         driver = learner.driver
         # A learner fed by collectors (distributed.learner_role.ReplayFeed) has its own health.
         self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
@@ -114,8 +115,14 @@ class EvaluationHook(Hook):
         self.evaluations = []
         self.solved_secs = None
 
-    def training_started(self, learner):
-        learner.warm_up.submit("eval", self._evaluator.trace)
+    def begin(self, learner):
+        # Built while the driver collects its first batch (and the helper
+        # thread instantiates the train iteration), not after it.
+        self._trace()
+        self._summaries.warm_up()
+
+    def _trace(self):
+        self._evaluator.trace()
 
     def after_iteration(self, learner, train_step_before, train_step):
         if crossed(train_step_before, train_step, self._interval):
@@ -125,7 +132,6 @@ class EvaluationHook(Hook):
         self._summaries.flush()
 
     def _evaluate(self, learner, step):
-        learner.warm_up.wait("eval")
         average_return, average_length = self._evaluator()
         self._record(learner, time.monotonic() - learner.start_time, step, learner.env_steps,
                      average_return, average_length)

@@ -31,8 +31,10 @@ replayer sample + `agent.train`) is traced once and run by a
 GIL hand-off per step (the env and actor threads need the GIL too). At
 start-up one helper thread (`WarmUp`) instantiates that graph with a dry
 call (0 steps; otherwise TF does it inside the first real call, ~0.2 s on
-CartPole) while the env threads trace their loops and this thread traces
-the replayer's write; hooks use it too (the evaluation's trace).
+CartPole) while the driver collects its first batch and this thread traces
+the replayer's write and the hooks build their graphs in `begin` (the
+evaluation, the summaries' write). On `ppo_cartpole.gin` this start-up is
+~1.2 s of a ~1.9 s solve.
 
 Threads: `run()` runs on the caller's thread (the learner's); the driver's
 threads act and collect meanwhile. It blocks in `run_async()` (until the
@@ -312,9 +314,12 @@ class Learner(object):
 
         Tracing is Python and holds the GIL; TF's instantiation of a traced
         function (grappler, kernels) is C++ that mostly releases it. So this
-        thread traces the train iteration first, the helper thread
-        instantiates it by a dry call while the env and actor threads trace
-        their loops and this thread traces the replayer's write.
+        thread traces the train iteration first (when the replayer can be
+        sampled before data: a replay buffer, a `OneTimeReplayer` told its
+        batch rows), then the helper thread instantiates it by a dry call
+        while the env and actor threads collect the first batch and this
+        thread traces the replayer's write and the hooks build their graphs
+        (`begin`: the evaluation, the summaries' write).
         """
         if self._agent is not None and self._replayer.traceable_before_data:
             self._warm_up.submit("train", self._iteration_fn(), tf.constant(0))

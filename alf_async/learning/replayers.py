@@ -114,55 +114,110 @@ class OneTimeReplayer(Replayer):
     length T and `num_steps` n a row gives T - n + 1 windows, and the n - 1
     transitions that span two consecutive unrolls are not trained on.
 
-    Every batch has the first batch's number of rows; unrolls may differ in
-    length from batch to batch. Calling `sample()` twice trains twice on the
-    same batch. Nothing of it is checkpointed: a resumed run's environments
-    start anew.
+    Every batch has the first batch's number of rows (`batch_rows`, if
+    given); unrolls may differ in length from batch to batch. Calling
+    `sample()` twice trains twice on the same batch. Nothing of it is
+    checkpointed: a resumed run's environments start anew.
+
+    The batch is kept in variables shaped [rows, any length, ...], made at
+    the first batch, or at construction when `data_spec` and `batch_rows`
+    are given: `sample` can then be traced before the first batch
+    (`traceable_before_data`), so the learner builds its train iteration
+    while the driver collects that batch, as it does with a replay buffer.
     """
 
-    # Its variables are made at the first batch: `sample` cannot be traced before.
-    traceable_before_data = False
+    # The trainer passes `batch_rows` (its learner's batch) to a replayer_fn
+    # with this attribute.
+    takes_batch_rows = True
 
-    def __init__(self, data_spec=None, num_rows=None, link_unrolls=True,
+    def __init__(self, data_spec=None, num_rows=None, link_unrolls=True, batch_rows=None,
                  name="one_time_replayer"):
         """
         Args:
-            data_spec: the Trajectory spec of the experience (unused; for a
+            data_spec: the Trajectory spec of one step of the experience
+                (used with `batch_rows` only).
+            num_rows: the number of environment rows (unused; for a
                 signature shared with `UniformReplayer`).
-            num_rows: the number of environment rows (unused, likewise).
             link_unrolls: precede each row's unroll by its previous unroll's
                 last step (see the class docstring).
+            batch_rows: the rows (unrolls) of every batch it will be given
+                (the driver's learn_queue_cap x env_batch_size), or None:
+                the first batch's. Needs `data_spec`.
             name: the module's name.
         """
         super().__init__(name=name)
-        del data_spec, num_rows
+        del num_rows
+        if batch_rows is not None and (data_spec is None or isinstance(batch_rows, bool)
+                                       or not isinstance(batch_rows, int) or batch_rows < 1):
+            raise ValueError(f"OneTimeReplayer(batch_rows=...) needs an int >= 1 and the "
+                             f"data_spec, got batch_rows={batch_rows!r} and data_spec="
+                             f"{'None' if data_spec is None else 'given'}")
         # Untracked (not checkpointed; a resumed run's driver starts anew):
-        # the batch, and the last step of each env row's latest unroll
-        # [rows seen, ...] with env id -> its row there.
-        # The traced linking is made at the first batch.
-        self._state = types.SimpleNamespace(batch=None, kept_steps=None, kept_index={},
-                                            link_fn=None)
+        # the batch, whether one came, and the last step of each env row's
+        # latest unroll [rows seen, ...] with env id -> its row there.
+        # The traced linking is made with the batch variables.
+        self._state = types.SimpleNamespace(batch=None, has_data=False, kept_steps=None,
+                                            kept_index={}, link_fn=None)
         self._linking = bool(link_unrolls)
+        self._batch_rows = batch_rows
+        if batch_rows is not None:
+            self._make_variables(tf.nest.map_structure(
+                lambda s: tf.TensorSpec([batch_rows, 0] + s.shape.as_list(), s.dtype),
+                data_spec))
+
+    @property
+    def traceable_before_data(self):
+        """True when the batch variables were made at construction (`batch_rows`)."""
+        return self._state.batch is not None
+
+    def trace(self):
+        """Traces the linking of a batch of `batch_rows` rows of any length
+        without writing one (the learner does it while the driver collects
+        its first batch); nothing without `batch_rows` or linking."""
+        if not (self._linking and self.traceable_before_data):
+            return
+        rows = self._batch_rows
+        exp = tf.nest.map_structure(
+            lambda v: tf.TensorSpec([rows, None] + v.shape.as_list()[2:], v.dtype),
+            self._state.batch)
+        kept = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + t.shape.as_list()[1:],
+                                                             t.dtype), self._state.kept_steps)
+        self._state.link_fn.get_concrete_function(
+            exp, kept, tf.TensorSpec([rows], tf.int32), tf.TensorSpec([rows], tf.bool),
+            tf.TensorSpec([None], tf.int32))
 
     def __call__(self, exp, env_ids):
+        rows = int(tf.nest.flatten(exp)[0].shape[0])
+        if self._batch_rows is not None and rows != self._batch_rows:
+            raise ValueError(f"OneTimeReplayer(batch_rows={self._batch_rows}) was given a batch "
+                             f"of {rows} rows")
         if self._linking:
             self._store_linked(exp, np.asarray(env_ids).tolist())
-            return
-        # Kept in variables (made at the first batch, whose number of rows every
-        # batch has) so that a traced train step reads the latest batch.
-        if self._state.batch is None:
-            self._make_batch_variables(exp)
-        tf.nest.map_structure(lambda v, t: v.assign(t), self._state.batch, exp)
+        else:
+            # Kept in variables (made at the first batch, whose number of rows
+            # every batch has) so that a traced train step reads the latest batch.
+            if self._state.batch is None:
+                self._make_variables(exp)
+            tf.nest.map_structure(lambda v, t: v.assign(t), self._state.batch, exp)
+        self._state.has_data = True
 
-    def _make_batch_variables(self, exp):
-        """Variables shaped like `exp` [N, T, ...] with any T: every batch has
-        N rows, its unrolls may be of any length (tf-agents' DynamicStepDriver
-        in a synchronous loop collects a varying number of steps per row)."""
+    def _make_variables(self, batch_spec):
+        """The batch variables, shaped like `batch_spec` [N, T, ...] (a nest
+        of tensors or TensorSpecs) with any T: every batch has N rows, its
+        unrolls may be of any length (tf-agents' DynamicStepDriver in a
+        synchronous loop collects a varying number of steps per row); when
+        linking (T then the unroll's steps + 1), the kept steps (none yet)
+        and the traced linking too."""
         with self.name_scope:
             self._state.batch = tf.nest.map_structure(
                 lambda t: tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False, name="batch",
                                       shape=tf.TensorShape([t.shape[0], None] + list(t.shape[2:]))),
-                exp)
+                batch_spec)
+        if self._linking:
+            self._state.kept_steps = tf.nest.map_structure(
+                lambda t: tf.zeros([0] + t.shape.as_list()[2:], t.dtype), batch_spec)
+            self._state.link_fn = tf.function(self._link_graph, autograph=False,
+                                              reduce_retracing=True)
 
     def _store_linked(self, exp, env_ids):
         """Stores [N, T] as [N, T + 1], each row preceded by its env row's kept
@@ -175,12 +230,9 @@ class OneTimeReplayer(Replayer):
                              f"link_unrolls=False for other nests")
         exp = tf.nest.map_structure(tf.convert_to_tensor, exp)
         if self._state.batch is None:
-            self._make_batch_variables(tf.nest.map_structure(
+            self._make_variables(tf.nest.map_structure(
                 lambda t: tf.TensorSpec([t.shape[0], t.shape[1] + 1] + t.shape[2:], t.dtype),
                 exp))
-            self._state.kept_steps = tf.nest.map_structure(lambda t: t[:0, -1], exp)
-            self._state.link_fn = tf.function(self._link_graph, autograph=False,
-                                              reduce_retracing=True)
         index = self._state.kept_index
         num_kept = int(tf.nest.flatten(self._state.kept_steps)[0].shape[0])
         # Sources of the preceding steps in [kept steps; this batch's last steps].
@@ -222,13 +274,13 @@ class OneTimeReplayer(Replayer):
 
     def num_frames(self):
         """Steps held: those of the latest batch (with the steps preceding its rows)."""
-        if self._state.batch is None:
+        if not self._state.has_data:
             return 0
         return int(np.prod(tf.shape(tf.nest.flatten(self._state.batch)[0])[:2]))
 
     def can_sample(self, num_steps):
         del num_steps
-        return self._state.batch is not None
+        return self._state.has_data
 
     def sample(self, sample_batch_size=None, num_steps=None):
         """The latest batch, or all its windows of `num_steps`.
@@ -239,7 +291,7 @@ class OneTimeReplayer(Replayer):
                 None for whole (linked) unrolls.
         """
         del sample_batch_size
-        if self._state.batch is None:
+        if self._state.batch is None or (tf.executing_eagerly() and not self._state.has_data):
             raise ValueError("OneTimeReplayer.sample() before any experience was observed")
         return _windows(tf.nest.map_structure(tf.convert_to_tensor, self._state.batch),
                         num_steps)

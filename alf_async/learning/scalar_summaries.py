@@ -71,6 +71,12 @@ class ScalarSummaries(object):
                     tf.constant([float(points[t][0]) for t in tags], tf.float32),
                     tf.constant([int(points[t][1]) for t in tags], tf.int64))
 
+    def warm_up(self):
+        """Traces and instantiates the write function by a call with no
+        points (it writes nothing): the first `write` then costs what any does."""
+        self._write(tf.constant([], tf.string), tf.constant([], tf.float32),
+                    tf.constant([], tf.int64))
+
     def flush(self):
         self._writer.flush()
 
