@@ -39,14 +39,23 @@ context switches per env step (whole process), the ratio to lockstep and
 the fractions of the bound and of the ceiling. TF's thread pools are
 process-wide, so --intra_op_threads/--inter_op_threads apply to both sides.
 
+--round_trip adds, for each alf_async layout, where its env threads' time
+goes per env step (the medians of the rounds): sending requests (the
+enqueue, and taking the GIL back after it; beside it what that op costs
+alone, timed on this thread beforehand), waiting for replies, and the env
+threads' CPU, wait for a core and sleep (/proc's per-thread schedstat);
+for one env thread with an actor, also per request (times the batch).
+
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
         [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8 1x32:0] [--rounds 3]
         [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0] [--processes]
+        [--round_trip]
 """
 
 import argparse
 import functools
 import queue
+import re
 import select
 import statistics
 import threading
@@ -135,7 +144,60 @@ def async_round(policy, args, layout, seconds):
                              args.dist)
     return measure_driver(AsyncOffPolicyDriver(
         env_constructor, policy, num_envs=threads, num_actor_queues=actor_queues,
-        actor_queue_cap=threads, learn_queue_cap=threads, unroll_length=8), seconds)
+        actor_queue_cap=threads, learn_queue_cap=threads, unroll_length=8), seconds,
+                          probe=env_thread_counters if args.round_trip else None)
+
+
+def env_thread_counters(driver):
+    """Cumulative seconds of the driver's env threads (named env0, env1, ...;
+    not their row workers): CPU and waiting for a core (/proc schedstat),
+    sending requests and waiting for replies (get_perf_stats)."""
+    cpu = runq = 0.0
+    for thread in threading.enumerate():
+        if re.fullmatch(r"env\d+", thread.name):
+            with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+                ran, waited, _ = f.read().split()
+            cpu, runq = cpu + int(ran) / 1e9, runq + int(waited) / 1e9
+    stats = driver.get_perf_stats()
+    return dict(cpu=cpu, runq=runq, request=stats["request_secs"],
+                reply=stats["action_wait_secs"])
+
+
+def enqueue_alone_secs(policy, rows, calls=2000):
+    """What one request's enqueue op costs alone (this thread, no other
+    thread running): the time step and env ids of `rows` rows, as an env
+    thread sends them, into a queue of its own."""
+    specs = tf.nest.flatten(policy.time_step_spec) + [tf.TensorSpec([], tf.int32)]
+    components = [np.zeros([rows] + s.shape.as_list(), s.dtype.as_numpy_dtype) for s in specs]
+    scratch = tf.queue.FIFOQueue(calls + 100, [s.dtype for s in specs])
+    handle = scratch.queue_ref   # alive while `scratch` is
+    for _ in range(100):
+        tf.raw_ops.QueueEnqueueV2(handle=handle, components=components)
+    start = time.perf_counter()
+    for _ in range(calls):
+        tf.raw_ops.QueueEnqueueV2(handle=handle, components=components)
+    return (time.perf_counter() - start) / calls
+
+
+def print_round_trip(names, layouts, rows, policy):
+    """The --round_trip table (see the module docstring)."""
+    print(f"\nenv threads' time per env step, us (--round_trip; the enqueue op alone, "
+          f"per request: {', '.join(f'{b} rows {enqueue_alone_secs(policy, b) * 1e6:.0f} us' for b in sorted({layout[1] for layout in layouts}))})")
+    print(f"{'collector':22s} {'request':>8s} {'reply':>8s} {'CPU':>8s} {'run queue':>9s} "
+          f"{'asleep':>8s}  per request of the batch (1 env thread, an actor)")
+    for name, (threads, _, actors) in zip(names, layouts):
+        med = {k: statistics.median(x["probe"][k] for x in rows[name])
+               for k in rows[name][0]["probe"]}
+        rate = statistics.median(x["rate"] for x in rows[name])
+        asleep = threads / rate - med["cpu"] - med["runq"]
+        us = [med["request"], med["reply"], med["cpu"], med["runq"], asleep]
+        line = f"{name:22s} " + " ".join(f"{v * 1e6:8.1f}" for v in us[:3]) + \
+            f" {us[3] * 1e6:9.1f} {us[4] * 1e6:8.1f}"
+        if threads == 1 and actors:
+            batch = statistics.median(x["batch"] for x in rows[name])
+            line += "  " + ", ".join(f"{label} {v * batch * 1e3:.2f} ms" for label, v in
+                                     zip(["request", "reply", "CPU", "run queue", "asleep"], us))
+        print(line)
 
 
 def seeded_slow_env(mean_secs, dist):
@@ -228,6 +290,8 @@ def main():
     parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TF's default")
     parser.add_argument("--processes", action="store_true",
                         help="every environment in a child process, on both sides")
+    parser.add_argument("--round_trip", action="store_true",
+                        help="where the env threads' time goes (see the module docstring)")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
@@ -255,11 +319,13 @@ def main():
           f"{'of ceiling':>10s} {'CPU us/step':>11s} {'cs/step':>8s} {'batch':>6s}")
     for name in names:
         med = {k: statistics.median(x[k] for x in rows[name])
-               for k in rows[name][0]}
+               for k in rows[name][0] if k != "probe"}
         ratio = statistics.median(a["rate"] / b["rate"]
                                   for a, b in zip(rows[name], rows["lockstep"]))
         print(f"{name:22s} {med['rate']:9.0f} {ratio:10.2f}x {med['rate'] / bound:8.0%} "
               f"{med['rate'] / ceiling:9.0%} {med['cpu_us']:11.1f} {med['cs']:8.2f} {med.get('batch', 0):6.1f}")
+    if args.round_trip:
+        print_round_trip(names[1:-1], layouts, rows, policy)
 
 
 if __name__ == "__main__":

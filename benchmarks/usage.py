@@ -81,21 +81,30 @@ class Usage(object):
                     cpu_pct=100 * cpu / wall)
 
 
-def measure_driver(driver, seconds, warm_up_batches=3):
+def measure_driver(driver, seconds, warm_up_batches=3, probe=None):
     """Starts `driver`, times `run_async()` for `seconds`, stops it.
+
+    Args:
+        probe: None, or callable(driver) -> dict of cumulative counters,
+            read as the timed part starts and as it ends.
 
     Returns:
         `Usage.per_step` of the timed part, plus `batch`: the mean actor
-        batch in rows.
+        batch in rows, and with `probe`, `probe`: the counters' growth
+        over the timed part, per env step.
     """
     driver.start()
     try:
         for _ in range(warm_up_batches):
             driver.run_async()
+        before = probe(driver) if probe else None
         steps, usage = 0, Usage()
         while usage.elapsed() < seconds:
             steps += driver.run_async()
         result = usage.per_step(steps)
+        if probe:
+            result["probe"] = {k: (v - before[k]) / max(1, steps)
+                               for k, v in probe(driver).items()}
         stats = driver.get_perf_stats()
     finally:
         driver.stop()

@@ -101,6 +101,9 @@ def test_trajectories_equal_the_threaded_actors_row_by_row(path):
         np.testing.assert_array_equal(actions, obs[:, 2] % 1000)
     assert own_stats["actor_batches"] == 0 and own_stats["actor_rows"] == 0
     assert actor_stats["actor_batches"] > 0
+    # Requests are timed in the Python loops, never by a thread acting itself.
+    assert own_stats["request_secs"] == 0.0
+    assert (actor_stats["request_secs"] > 0) == (path != "graph")
 
 
 @pytest.mark.parametrize("path", ["graph", "rows", "python"])

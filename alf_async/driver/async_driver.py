@@ -287,14 +287,15 @@ class AsyncOffPolicyDriver(object):
         """Cumulative counters of the threads (read without locks: a snapshot).
 
         Returns:
-            dict with env_steps, action_wait_secs (summed over env threads),
-                actor_batches, actor_rows, actor_inference_secs (summed over
+            dict with env_steps, action_wait_secs and request_secs (summed
+                over env threads; `EnvThread`'s), actor_batches, actor_rows, actor_inference_secs (summed over
                 actors), learn_queue_size, actor_queue_sizes, log_queue_size.
         """
         q = self._queues
         return dict(
             env_steps=sum(t.steps for t in self._env_threads),
             action_wait_secs=sum(t.action_wait_secs for t in self._env_threads),
+            request_secs=sum(t.request_secs for t in self._env_threads),
             actor_batches=sum(t.batches for t in self._actor_threads),
             actor_rows=sum(t.rows for t in self._actor_threads),
             actor_inference_secs=sum(t.inference_secs for t in self._actor_threads),

@@ -221,6 +221,7 @@ class EnvThread(threading.Thread):
         # Counters of the Python loops (the graph loop uses the variables).
         self._py_steps = 0
         self._py_wait = 0.0
+        self._py_request = 0.0
         self._row_workers = None   # _rows_loop's stepper, for join_row_workers
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_steps")
         self._wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
@@ -256,6 +257,13 @@ class EnvThread(threading.Thread):
     def action_wait_secs(self):
         """Seconds this thread spent waiting for its actions."""
         return float(self._wait.numpy()) + self._py_wait
+
+    @property
+    def request_secs(self):
+        """Seconds this thread's Python loops spent sending requests to the
+        actor (the enqueue op, and taking the GIL back after it; the graph
+        loop does not count them)."""
+        return self._py_request
 
     def join_row_workers(self, timeout):
         """Waits up to `timeout` seconds for the row workers of `_rows_loop`
@@ -326,11 +334,13 @@ class EnvThread(threading.Thread):
                 flat_time_step = [f[rows] for f in flat_time_step]
                 flat_state = [f[rows] for f in flat_state]
             return [t.numpy() for t in self._own_action(flat_time_step, flat_state)]
+        sent = time.perf_counter()
         tf.raw_ops.QueueEnqueueV2(handle=request,
                                   components=flat_time_step + flat_state + [env_ids])
         start = time.perf_counter()
         flat_step = tf.raw_ops.QueueDequeueV2(handle=reply, component_types=step_dtypes)
         self._py_wait += time.perf_counter() - start
+        self._py_request += start - sent
         return [t.numpy() if rows is None else t.numpy()[rows] for t in flat_step]
 
     def _rows_loop(self, envs):
