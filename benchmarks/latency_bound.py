@@ -181,8 +181,10 @@ def enqueue_alone_secs(policy, rows, calls=2000):
 
 def print_round_trip(names, layouts, rows, policy):
     """The --round_trip table (see the module docstring)."""
+    alone = ", ".join(f"{b} rows {enqueue_alone_secs(policy, b) * 1e6:.0f} us"
+                      for b in sorted({layout[1] for layout in layouts}))
     print(f"\nenv threads' time per env step, us (--round_trip; the enqueue op alone, "
-          f"per request: {', '.join(f'{b} rows {enqueue_alone_secs(policy, b) * 1e6:.0f} us' for b in sorted({layout[1] for layout in layouts}))})")
+          f"per request: {alone})")
     print(f"{'collector':22s} {'request':>8s} {'reply':>8s} {'CPU':>8s} {'run queue':>9s} "
           f"{'asleep':>8s}  per request of the batch (1 env thread, an actor)")
     for name, (threads, _, actors) in zip(names, layouts):

@@ -288,8 +288,9 @@ class AsyncOffPolicyDriver(object):
 
         Returns:
             dict with env_steps, action_wait_secs and request_secs (summed
-                over env threads; `EnvThread`'s), actor_batches, actor_rows, actor_inference_secs (summed over
-                actors), learn_queue_size, actor_queue_sizes, log_queue_size.
+                over env threads; `EnvThread`'s), actor_batches, actor_rows,
+                actor_inference_secs (summed over actors), learn_queue_size,
+                actor_queue_sizes, log_queue_size.
         """
         q = self._queues
         return dict(

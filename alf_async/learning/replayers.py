@@ -168,7 +168,7 @@ class OneTimeReplayer(Replayer):
     @property
     def traceable_before_data(self):
         """True when the batch variables were made at construction (`batch_rows`)."""
-        return self._state.batch is not None
+        return self._batch_rows is not None
 
     def trace(self):
         """Traces the linking of a batch of `batch_rows` rows of any length
