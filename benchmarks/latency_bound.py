@@ -45,6 +45,9 @@ enqueue, and taking the GIL back after it; beside it what that op costs
 alone, timed on this thread beforehand), waiting for replies, and the env
 threads' CPU, wait for a core and sleep (/proc's per-thread schedstat);
 for one env thread with an actor, also per request (times the batch).
+Without --processes it then gives the row workers' CPU, wait for a core and
+context switches per env step beside the ceiling's threads: what a step costs
+when a batched reply wakes a row's worker against one woken alone.
 
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
         [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8 1x32:0] [--rounds 3]
@@ -148,19 +151,36 @@ def async_round(policy, args, layout, seconds):
                           probe=env_thread_counters if args.round_trip else None)
 
 
-def env_thread_counters(driver):
-    """Cumulative seconds of the driver's env threads (named env0, env1, ...;
-    not their row workers): CPU and waiting for a core (/proc schedstat),
-    sending requests and waiting for replies (get_perf_stats)."""
-    cpu = runq = 0.0
+def threads_usage(pattern):
+    """Cumulative CPU and run-queue seconds (/proc schedstat) and voluntary
+    and involuntary context switches of this process's Python threads whose
+    name fullmatches `pattern`."""
+    total = dict(cpu=0.0, runq=0.0, vcs=0, ics=0)
     for thread in threading.enumerate():
-        if re.fullmatch(r"env\d+", thread.name):
-            with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        if re.fullmatch(pattern, thread.name):
+            task = f"/proc/self/task/{thread.native_id}"
+            with open(f"{task}/schedstat") as f:
                 ran, waited, _ = f.read().split()
-            cpu, runq = cpu + int(ran) / 1e9, runq + int(waited) / 1e9
+            with open(f"{task}/status") as f:
+                status = f.read()
+            total["cpu"] += int(ran) / 1e9
+            total["runq"] += int(waited) / 1e9
+            for key, field in (("vcs", "voluntary"), ("ics", "nonvoluntary")):
+                total[key] += int(re.search(rf"^{field}_ctxt_switches:\s+(\d+)", status,
+                                            re.M).group(1))
+    return total
+
+
+def env_thread_counters(driver):
+    """Cumulative counters of the driver's env threads (named env0, env1, ...):
+    CPU and waiting for a core, sending requests and waiting for replies
+    (get_perf_stats); and of their row workers (env0_row0, ...): CPU, waiting
+    for a core and context switches."""
+    env, rows = threads_usage(r"env\d+"), threads_usage(r"env\d+_row\d+")
     stats = driver.get_perf_stats()
-    return dict(cpu=cpu, runq=runq, request=stats["request_secs"],
-                reply=stats["action_wait_secs"])
+    return dict(cpu=env["cpu"], runq=env["runq"], request=stats["request_secs"],
+                reply=stats["action_wait_secs"],
+                **{f"row_{k}": v for k, v in rows.items()})
 
 
 def enqueue_alone_secs(policy, rows, calls=2000):
@@ -202,6 +222,18 @@ def print_round_trip(names, layouts, rows, policy):
         print(line)
 
 
+def print_row_workers(names, rows):
+    """The --round_trip table of the row workers (the ceiling's threads, the
+    env threads' row workers): per env step, the medians of the rounds."""
+    print(f"\nrow workers' time per env step (--round_trip)\n{'collector':22s} {'CPU us':>8s} "
+          f"{'run queue us':>12s} {'voluntary cs':>12s} {'involuntary cs':>14s}")
+    for name in names:
+        med = {k: statistics.median(x["probe"][f"row_{k}"] for x in rows[name])
+               for k in ("cpu", "runq", "vcs", "ics")}
+        print(f"{name:22s} {med['cpu'] * 1e6:8.1f} {med['runq'] * 1e6:12.1f} "
+              f"{med['vcs']:12.2f} {med['ics']:14.2f}")
+
+
 def seeded_slow_env(mean_secs, dist):
     """slow_env seeded with its child's env index (inside a SubprocessEnv child)."""
     from alf_async.environments import current_env_index  # pylint: disable=import-outside-toplevel
@@ -225,17 +257,19 @@ def ceiling_round(args, seconds):
             env.step(action)
             ready.put(inbox)
 
-    threads = [threading.Thread(target=work, args=(e, i), daemon=True)
-               for e, i in zip(envs, inboxes)]
+    threads = [threading.Thread(target=work, args=(e, i), name=f"ceiling_row{k}", daemon=True)
+               for k, (e, i) in enumerate(zip(envs, inboxes))]
     for t, inbox in zip(threads, inboxes):
         t.start()
         inbox.put(True)
-    steps, usage = 0, Usage()
+    steps, usage, before = 0, Usage(), threads_usage(r"ceiling_row\d+")
     while usage.elapsed() < seconds:
         inbox = ready.get()
         inbox.put(True)
         steps += 1
     result = usage.per_step(steps)
+    result["probe"] = {f"row_{k}": (v - before[k]) / steps
+                       for k, v in threads_usage(r"ceiling_row\d+").items()}
     for inbox in inboxes:
         inbox.put(None)
     for t in threads:
@@ -328,6 +362,8 @@ def main():
               f"{med['rate'] / ceiling:9.0%} {med['cpu_us']:11.1f} {med['cs']:8.2f} {med.get('batch', 0):6.1f}")
     if args.round_trip:
         print_round_trip(names[1:-1], layouts, rows, policy)
+        if not args.processes:
+            print_row_workers(names[1:], rows)
 
 
 if __name__ == "__main__":
