@@ -26,6 +26,8 @@ Workloads (the four of the collection benchmarks, and one no test has seen):
                DQN collect policy (64x64), child processes offered too
   blocking32   32 CartPole-v0 whose steps sleep exp(10 ms) first
                (latency_bound.py's environments, blocking_step), same policy
+  lognormal48  48 of them sleeping lognormal(1 ms) instead (sigma 1): steps
+               that block briefly, the row workers contending for the GIL
   atari16      16 in-process Breakout games (suite_atari), the Nature-CNN
                DQN collect policy, child processes offered too
   envpool16    a 16-game EnvPool Breakout pool (suite_envpool), the same
@@ -34,8 +36,8 @@ Workloads (the four of the collection benchmarks, and one no test has seen):
                (a GIL-holding Python loop of ~--compute_ms) or waits
                (~--wait_ms), switching at random per step
 
-    python benchmarks/layout_choice.py [--workloads cartpole64 blocking32 atari16
-        envpool16 mixed16] [--rounds 2] [--seconds 3] [--budget 20] [--head_to_head 4]
+    python benchmarks/layout_choice.py [--workloads cartpole64 blocking32 lognormal48
+        atari16 envpool16 mixed16] [--rounds 2] [--seconds 3] [--budget 20] [--head_to_head 4]
 """
 
 import argparse
@@ -127,6 +129,9 @@ def workload(name, args):
     if name == "blocking32":
         make = _seeded(functools.partial(slow_envs, mean_secs=0.010, dist="exp"))
         return make, None, _dqn_policy(make), 32
+    if name == "lognormal48":
+        make = _seeded(functools.partial(slow_envs, mean_secs=0.001, dist="lognormal"))
+        return make, None, _dqn_policy(make), 48
     if name == "atari16":
         make = _suite("suite_atari", "ALE/Breakout-v5")
         return make, _children("suite_atari", "ALE/Breakout-v5"), _dqn_policy(
