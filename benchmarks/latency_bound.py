@@ -262,7 +262,8 @@ def ceiling_round(args, seconds):
     for t, inbox in zip(threads, inboxes):
         t.start()
         inbox.put(True)
-    steps, usage, before = 0, Usage(), threads_usage(r"ceiling_row\d+")
+    before = threads_usage(r"ceiling_row\d+")
+    steps, usage = 0, Usage()
     while usage.elapsed() < seconds:
         inbox = ready.get()
         inbox.put(True)

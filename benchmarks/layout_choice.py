@@ -20,7 +20,7 @@ other), and the median of those rounds' ratios is printed beside the
 table's ratio: the same two layouts, measured as the other benchmarks
 measure a speed-up.
 
-Workloads (the four of the collection benchmarks, and one no test has seen):
+Workloads (those of the collection benchmarks, and one no test has seen):
 
   cartpole64   64 in-process CartPole-v0 (suite_gym's BatchedGymEnv), the
                DQN collect policy (64x64), child processes offered too
