@@ -284,7 +284,7 @@ def test_ppo_distributed_config_parses_for_both_roles():
     assert gin.query_parameter("train.num_collectors") == 2
     assert gin.query_parameter("train.replayer_fn").configurable.name == "ReverbReplayer"
     assert gin.query_parameter("train.agent_fn").configurable.name == "ppo_agent"
-    # The same rows per batch as ppo_cartpole.gin's 2 unrolls x 8 envs.
+    # The same rows per batch as ppo_cartpole.gin's 1 unroll x 16 envs.
     assert gin.query_parameter("train.learn_queue_cap") * gin.query_parameter(
         "train.env_batch_size") == 16
     gin.clear_config()

@@ -55,7 +55,7 @@ def test_learner_ops_tiny_ppo_run_on_the_emulated_kind_records_it(tmp_path):
     assert groups["convolutions"] == 0.0
     assert groups["matmuls"] > 0 and groups["optimizer"] > 0 and groups["the rest"] > 0
     assert record["cpu_ms"] > 0
-    # 2 unrolls x 8 CartPoles x 64 steps a call (ppo_cartpole.gin).
+    # 1 unroll x 16 CartPoles x 64 steps a call (ppo_cartpole.gin).
     assert record["env_steps_per_call"] == 1024 and record["calls"] == 1
     assert record["host"]["tensorflow"] == "2.15.1"
     assert "all ops" in proc.stdout and "of process CPU" in proc.stdout

@@ -140,6 +140,7 @@ def test_ppo_cartpole_paced_one_batch_ahead_lags_at_most_one_batch(tmp_path):
 @pytest.mark.timeout(150)
 def test_train_refuses_a_pacing_that_leaves_an_env_thread_idle(tmp_path):
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [
+        "train.num_envs = 2", "train.env_batch_size = 8", "train.actor_queue_cap = 2",
         "train.batches_ahead = 1", "train.learn_queue_cap = 1"], timeout=140, env=ENV)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if "alf-async-train: error:" in line]

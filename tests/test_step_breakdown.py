@@ -102,8 +102,8 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     (record,) = json.loads(out.read_text())
     assert record["side"] == "alf_async"
-    assert record["rows"] == 16   # actor_queue_cap 2 x env_batch_size 8
-    # Whole batches of 2 unrolls x 8 CartPoles x 64 steps between the samples.
+    assert record["rows"] == 16   # actor_queue_cap 1 x env_batch_size 16
+    # Whole batches of 1 unroll x 16 CartPoles x 64 steps between the samples.
     assert record["window_env_steps"] > 0 and record["window_env_steps"] % 1024 == 0
     assert record["host"]["tensorflow"] == "2.15.1"
     alone, whole = record["alone_ms"], record["whole_ms"]
