@@ -34,7 +34,7 @@ call (0 steps; otherwise TF does it inside the first real call, ~0.2 s on
 CartPole) while the driver collects its first batch and this thread traces
 the replayer's write and the hooks build their graphs in `begin` (the
 evaluation, the summaries' write). On `ppo_cartpole.gin` this start-up is
-~1.2 s of a ~1.9 s solve.
+~1.1 s of a ~1.6 s solve.
 
 Threads: `run()` runs on the caller's thread (the learner's); the driver's
 threads act and collect meanwhile. It blocks in `run_async()` (until the
