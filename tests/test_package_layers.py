@@ -12,7 +12,8 @@ Every `import` in alf_async (module level or inside a function) is read with
     driver                       the asynchronous driver
     environments                 every environment, as a TFEnvironment
     tf215_py311_fixes, _lazy,    workarounds for the pinned stack; lazy exports;
-    kernels                      TensorFlow's kernels, chosen before it is imported
+    kernels, roles               TensorFlow's kernels, chosen before it is imported;
+                                 the roles of a run, named
 
 A module may import its own package and any layer below its own; `testing`
 (the fakes tests and benchmarks share) may import only environments, and
@@ -34,6 +35,7 @@ LAYERS = {
     "_lazy": 0,
     "tf215_py311_fixes": 0,
     "kernels": 0,
+    "roles": 0,
     "environments": 1,
     "driver": 2,
     "learning": 3,
@@ -45,7 +47,7 @@ LAYERS = {
     "bin": 7,
 }
 # testing sits beside the stack: it may import these parts, and none imports it.
-TESTING_MAY_IMPORT = {"_lazy", "tf215_py311_fixes", "environments", "testing"}
+TESTING_MAY_IMPORT = {"_lazy", "tf215_py311_fixes", "roles", "environments", "testing"}
 
 
 def _modules():
