@@ -3,10 +3,11 @@ batched PyEnvironment.
 
 Why our own instead of tf-agents' `BatchedPyEnvironment` over `suite_gym`
 environments: each of those steps goes through GymWrapper, TimeLimit,
-PyEnvironment.step and a per-env nest stack, ~50 us of Python for a gym
-CartPole step that costs ~4 us; with 64 CartPoles that stack, not the
-simulator or the policy, bounds collection (benchmarks/throughput.py
-measures both). This class keeps tf-agents' semantics exactly:
+PyEnvironment.step and a per-env nest stack, many times the Python of the
+CartPole step itself; with 64 CartPoles that stack, not the simulator or
+the policy, bounds collection (benchmarks/throughput.py compares both;
+docs/design.md, "Why our own parts where a library exists"). This class
+keeps tf-agents' semantics exactly:
 
 - specs from `tf_agents.environments.gym_wrapper.spec_from_gym_space`, so
   they equal suite_gym's;

@@ -537,9 +537,8 @@ def build_optimizer(optimizer, variables):
 
     Otherwise the optimizer creates them in the first `apply_gradients`, that
     is inside the first trace of the train step, and a tf.function that
-    creates variables is traced twice. `python benchmarks/trace_time.py`:
-    DdqnAgent.train (CartPole) 0.49 -> 0.24 s, SacAgent.train (Pendulum)
-    1.24 -> 0.57 s.
+    creates variables is traced twice; building them first spares that
+    second trace (`python benchmarks/trace_time.py` times both).
     `variables` must be exactly the list the agent applies gradients to (a
     built Keras optimizer refuses variables it was not built with).
     """

@@ -27,14 +27,14 @@ as `run()` returns, whichever way (e.g. to end a hook's thread).
 
 Performance. An iteration's train steps are one graph call: the step (one
 replayer sample + `agent.train`) is traced once and run by a
-`tf.while_loop`, which spares the learner's thread ~0.2 ms of Python and a
-GIL hand-off per step (the env and actor threads need the GIL too). At
+`tf.while_loop`, which spares the learner's thread the Python and a GIL
+hand-off of each step (the env and actor threads need the GIL too). At
 start-up one helper thread (`WarmUp`) instantiates that graph with a dry
-call (0 steps; otherwise TF does it inside the first real call, ~0.2 s on
-CartPole) while the driver collects its first batch and this thread traces
-the replayer's write and the hooks build their graphs in `begin` (the
-evaluation, the summaries' write). On `ppo_cartpole.gin` this start-up is
-~1.1 s of a ~1.6 s solve.
+call (0 steps; otherwise TF does it inside the first real call) while the
+driver collects its first batch and this thread traces the replayer's
+write and the hooks build their graphs in `begin` (the evaluation, the
+summaries' write). On `ppo_cartpole.gin` this start-up is most of a solve
+(docs/performance.md, "CartPole (`ppo_cartpole.gin`)").
 
 Threads: `run()` runs on the caller's thread (the learner's); the driver's
 threads act and collect meanwhile. It blocks in `run_async()` (until the
@@ -309,8 +309,8 @@ class Learner(object):
     def _start_up(self):
         """Starts the driver and builds the graphs the loop runs first,
         overlapping what can overlap on a 2-core machine (done one after
-        another, ~0.9 s of a ~2 s CartPole solve went by before the first
-        train step).
+        another, they delay the first train step by a large part of a
+        CartPole solve).
 
         Tracing is Python and holds the GIL; TF's instantiation of a traced
         function (grappler, kernels) is C++ that mostly releases it. So this
@@ -378,7 +378,7 @@ class Learner(object):
 
     def _iteration_fn(self):
         """The traced iteration, called as a ConcreteFunction: a tf.function's
-        own dispatch (signature binding, cache lookup) costs ~70 us more."""
+        own dispatch (signature binding, cache lookup) would cost more per call."""
         if self._train_iteration_fn is None:
             self._train_iteration_fn = self._train_iteration.get_concrete_function()
         return self._train_iteration_fn

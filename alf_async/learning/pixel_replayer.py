@@ -134,7 +134,7 @@ class PixelReplayer(UniformReplayer):
         ids = self._row_ids(env_ids)
         fields = tf.nest.flatten(exp)
         # One [N, T, H, W] tensor per channel, oldest first: comparing whole
-        # channels is ~3x faster than slicing the channel axis of the stacks.
+        # channels is faster than slicing the channel axis of the stacks.
         channels = tf.unstack(fields.pop(self._stack_index), axis=-1)
         starts = self._starts(ids, channels, exp.step_type)
         refused = starts < 0
@@ -199,10 +199,10 @@ class PixelReplayer(UniformReplayer):
         index = self._index(rows, steps[..., None] - frame_age)
         frames = tf.gather_nd(self._storage["frames"], index)  # [B, n, depth, H, W]
         keep = ~((ages > start_age[..., None]) & tf.equal(padding, _ZEROS)[..., None])
-        frames = frames * tf.cast(keep, tf.uint8)[..., None, None]  # 5x faster than tf.where
+        frames = frames * tf.cast(keep, tf.uint8)[..., None, None]  # faster than tf.where
         # Channels last. Transposing [.., depth, H * W] moves the same bytes
-        # as [.., depth, H, W] -> [.., H, W, depth] at ~2.5x the speed
-        # (fewer, longer runs for TF's uint8 transpose).
+        # as [.., depth, H, W] -> [.., H, W, depth], faster (fewer, longer
+        # runs for TF's uint8 transpose).
         h, w = self._stack_shape[0], self._stack_shape[1]
         outer = tf.shape(frames)[:2]
         flat = tf.reshape(frames, tf.concat([outer, [depth, h * w]], axis=0))

@@ -346,7 +346,7 @@ class UniformReplayer(Replayer):
         self._num_rows = num_rows
         self._capacity = capacity_per_row
         with self.name_scope:
-            # tf.zeros hands its buffer to the variable: no second copy (no 2x peak).
+            # tf.zeros hands its buffer to the variable: no second copy at the peak.
             self._storage = tf.nest.map_structure(
                 lambda s: tf.Variable(tf.zeros([num_rows, capacity_per_row] + s.shape.as_list(),
                                                s.dtype), trainable=False, name="storage"),
@@ -439,7 +439,7 @@ class UniformReplayer(Replayer):
 
     def _add_concrete(self):
         # Called as a ConcreteFunction: the tf.function's own dispatch
-        # (signature binding, cache lookup) costs ~70 us more per call.
+        # (signature binding, cache lookup) would cost more per call.
         if self._add_fn is None:
             self._add_fn = self._add.get_concrete_function()
         return self._add_fn

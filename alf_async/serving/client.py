@@ -257,11 +257,11 @@ class PolicyClient(object):
 class _PlainConnection(object):
     """One keep-alive HTTP/1.1 connection over a plain socket (http://).
 
-    Not http.client: on loopback it cost ~110-140 us of client CPU per
-    request (building headers one call each, parsing the response's with
-    the email package), against ~25 us for this (an echo server, 1 and 16
-    client threads). A client process playing many episodes spends that on
-    every step, on the same cores as the server. It speaks what a
+    Not http.client: it builds headers one call each and parses the
+    response's with the email package, several times this class's client
+    CPU per request on loopback. A client process playing many episodes
+    spends that on every step, on the same cores as the server (docs/design.md,
+    "Why our own parts where a library exists"). It speaks what a
     PolicyServerEnv (or a proxy in front of it) answers: a status line,
     headers, and a body framed by Content-Length, chunked, or the close.
     https:// uses http.client (`_HTTPSConnection`).

@@ -13,9 +13,10 @@ answers with `request.respond(...)` on the loop thread, at once or later
 
 Why we parse HTTP by hand: http.server's parsing is tied to its blocking,
 per-connection stream handler (readline on a thread per connection); with
-16 clients those threads fought for the GIL and cost ~200 us of server CPU
-per request, against ~55 us for a Protocol on one thread with a minimal
-parser. We parse only what the policy server needs: a request line,
+many clients those threads fight for the GIL and cost several times the
+server CPU per request of a Protocol on one thread with a minimal parser
+(docs/design.md, "Why our own parts where a library exists"). We parse
+only what the policy server needs: a request line,
 header lines, and a body framed by Content-Length (chunked bodies get 411).
 
 What every connection does:

@@ -4,10 +4,10 @@ Every EagerTensor created from Python leaks a 40-48 byte block on this stack
 (tensorflow/tensorflow#62551: TF's deallocator skips the instance-attribute
 array CPython 3.11 allocates for it). A driver makes some per batch and per
 unroll; a blocking environment's Python loop makes several per step; the
-trainer makes some per train step: ~29 bytes per env step in the
-graph-mode driver (benchmarks/memory.py) and ~12 MB a minute in a
-SubprocessEnv training run (benchmarks/soak.py), for as long as the run
-lasts. The pinned stack (setup.py) cannot move to a fixed TF, so
+trainer makes some per train step, so a run's memory grows for as long
+as it lasts (benchmarks/memory.py and benchmarks/soak.py measure it;
+docs/reliability.md, "Memory"). The pinned stack (setup.py) cannot move to
+a fixed TF, so
 alf_async frees the block itself: `_eager_tensor_fix`, a small C extension
 built at install time, wraps EagerTensor's deallocator.
 

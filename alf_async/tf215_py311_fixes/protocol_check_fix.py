@@ -4,14 +4,14 @@
 and `IsTensorLike` is a runtime-checkable `typing.Protocol`. On CPython 3.11
 every isinstance check against such a protocol that is not a plain subclass
 hit recomputes the protocol's member names (`typing._get_protocol_attrs`
-walks the MRO and filters every attribute): ~7 us for a numpy array on the
-project's machine, against ~0.3 us with the names computed once. CPython
-3.12 made these checks cheap (gh-74690); the pinned stack is on 3.11.
+walks the MRO and filters every attribute), many times the cost of the
+check with the names computed once. CPython 3.12 made these checks cheap
+(gh-74690); the pinned stack is on 3.11.
 
 It matters on the per-step path: tf-agents' time_step helpers call
 `tf.is_tensor` on every Python environment step (`ts.transition`,
-`should_reset`, ...), ~25% of the CPU of a suite_gym CartPole step
-(benchmarks/latency_bound.py's environments), on both sides of every
+`should_reset`, ...), a large share of the CPU of a suite_gym CartPole
+step (benchmarks/latency_bound.py's environments), on both sides of every
 comparison, and again wherever a nest of numpy arrays is checked.
 
 `install()` gives TF's runtime-checkable protocols that are hit per step
