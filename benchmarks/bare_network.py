@@ -13,6 +13,8 @@ timed in the process that times the agent, with the same kernels.
   (`impala.ImpalaAgent`): the whole [B, T + 1] batch, one step.
 - Inference's floor: the actor network's forward pass on `rows`
   observations, per row.
+- Inference itself (`inference_alone`): the policy's action on `rows`
+  time steps, per row (step_breakdown.py's "actor inference" part).
 
 What the agent does above its floor: PPO's value pass over the batch
 (GAE needs every step's value; one forward pass, ~1/13 of a Nature-CNN
@@ -147,6 +149,17 @@ def inference_floor(agent, rows, secs, seed=0):
     return 1000.0 * cpu_per_call(lambda: act().numpy(), secs) / rows
 
 
+def inference_alone(policy, time_step_spec, rows, secs):
+    """CPU ms per env step of the policy's action on `rows` time steps."""
+    import tensorflow as tf
+    from tf_agents.specs import tensor_spec
+    time_step = tensor_spec.sample_spec_nest(time_step_spec, outer_dims=(rows,), seed=0)
+    state = policy.get_initial_state(rows)
+    action = tf.function(lambda: policy.action(time_step, state))
+    return 1000.0 * cpu_per_call(action, secs) / rows
+
+
+
 def main():
     import host_info
     parser = argparse.ArgumentParser(description="Inference per call: the collect policy "
@@ -168,7 +181,6 @@ def main():
     if args.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
 
-    import step_breakdown
     import unroll_sync
     from alf_async.environments import suites
     q = gin.query_parameter
@@ -179,7 +191,7 @@ def main():
     print(f"CPU ms per call, {args.gin_file}; host: {host_info.describe(machine)}"
           + (f"; {args.intra_op_threads} intra-op threads" if args.intra_op_threads else ""))
     for rows in args.rows:
-        policy = step_breakdown.inference_alone(agent.collect_policy, agent.time_step_spec,
+        policy = inference_alone(agent.collect_policy, agent.time_step_spec,
                                                 rows, args.secs)
         bare = inference_floor(agent, rows, args.secs)
         print(f"  {rows:4d} rows: the collect policy {policy * rows:7.3f} "

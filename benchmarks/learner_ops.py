@@ -43,24 +43,9 @@ import tempfile
 import bare_network
 from host_info import add_kernel_flags, choose_kernels, describe, host
 
+from alf_async.testing.bench.op_groups import GROUPS, group
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GROUPS = ("convolutions", "matmuls", "optimizer", "casts", "the rest")
-OPTIMIZER_SCOPES = ("Adam/", "RMSprop/", "clip_by_global_norm/")
-
-
-def group(event_name):
-    """The group of a profiler event named 'scope/.../op_name:OpType'."""
-    name, _, op_type = event_name.rpartition(":")
-    if "Conv" in op_type:
-        return "convolutions"
-    if "MatMul" in op_type:
-        return "matmuls"
-    if op_type.startswith("ResourceApply") or any(
-            name.startswith(s) or f"/{s}" in name for s in OPTIMIZER_SCOPES):
-        return "optimizer"
-    if op_type == "Cast":
-        return "casts"
-    return "the rest"
 
 
 def op_seconds(logdir):

@@ -59,30 +59,18 @@ import subprocess
 import sys
 import time
 
-import published_curves
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
 from host_info import add_kernel_flags, choose_kernels, describe, host
 from wall_clock_learning import GIN_FILES
-from wall_clock_report import BASELINES_PPO2_PONG, FRAMES_PER_STEP
+
+from alf_async.testing.bench.curves import (FRAMES_PER_STEP, TASKS, WINDOW, frames_to_scores,
+                                            recent_mean, reference_at, references)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("alf_async", "tf_agents")
-# Training episodes averaged for a curve's point (its games' last scores),
-# as for the published curves' points.
-WINDOW = published_curves.WINDOW
 # Published curves, name: (label, ((agent steps, training-episode score), ...));
-# their sources in wall_clock_report.py (ppo2) and published_curves.py (the zoo's).
-REFERENCES = {
-    "ppo2_pong": ("OpenAI baselines ppo2, PongNoFrameskip-v4 (openrlbenchmark)",
-                  BASELINES_PPO2_PONG),
-    **{name: published_curves.load(name) for name in published_curves.ZOO_AGENTS},
-}
-# --task: {task: (published curves, training scores to reach, marks in millions of frames)}.
-TASKS = {
-    "Pong-v5-ppo": (("ppo2_pong", "sb3_ppo_pong"), (-19, -15, -10, 0), (1.0, 2.5, 4.0)),
-    "Pong-v5-impala": (("sb3_a2c_pong",), (-19, -15, -10, 0), (1.0, 2.5, 4.0)),
-    "Breakout-v5-ppo": (("sb3_ppo_breakout",), (10, 20, 40, 55, 100), (2.5, 4.0, 7.0, 10.0)),
-}
+# their sources in alf_async.testing.bench.curves.
+REFERENCES = references()
 
 
 # ---------------------------------------------------------------- child runs
@@ -151,77 +139,6 @@ def one_run(args):
 
 
 # ---------------------------------------------------------------- the report
-
-def recent_mean(episodes, env_steps, window=WINDOW):
-    """The mean score of the last `window` training episodes ended by
-    `env_steps` (None if none had)."""
-    scores = [ret for steps, ret, _ in episodes if steps <= env_steps][-window:]
-    return sum(scores) / len(scores) if scores else None
-
-
-def steps_to(points, score):
-    """The env steps at which a curve [(env steps, score), ...] first reads
-    `score` or more, linearly between its points (None if it never does)."""
-    previous = None
-    for steps, value in points:
-        if value >= score:
-            if previous is None or previous[1] == value:
-                return steps
-            x0, y0 = previous
-            return x0 + (steps - x0) * (score - y0) / (value - y0)
-        previous = (steps, value)
-    return None
-
-
-def run_curve(episodes):
-    """A run's curve: (env steps, mean of the last `WINDOW` scores) at each
-    training episode's end from the `WINDOW`-th on."""
-    return [(steps, recent_mean(episodes, steps)) for steps, _, _ in episodes[WINDOW - 1:]]
-
-
-def _frames(steps):
-    return "-" if steps is None else f"{steps * FRAMES_PER_STEP / 1e6:.2f}M"
-
-
-def frames_to_scores(records, scores, references):
-    """Prints, per score, the frames each run's curve took to reach it, the
-    median over a group's seeds (`median_steps`) and each published curve's."""
-    if not scores:
-        return
-    print(f"\nFrames (millions) to a training score (mean of the last {WINDOW}) of | "
-          + " | ".join(f"{s:+g}" for s in scores))
-    groups = {}
-    for r in sorted(records, key=lambda r: (r["name"], r["side"], r["seed"])):
-        curve = run_curve(r["episodes"])
-        reached = [steps_to(curve, s) for s in scores]
-        groups.setdefault((r["name"], r["side"]), []).append(reached)
-        print(f"{r['name']} {r['side']} seed {r['seed']} (to {_frames(r['env_steps'])}) | "
-              + " | ".join(_frames(x) for x in reached))
-    for (name, side), rows in sorted(groups.items()):
-        medians = [median_steps([row[k] for row in rows]) for k in range(len(scores))]
-        print(f"{name} {side} median of {len(rows)} | " + " | ".join(_frames(m) for m in medians))
-    for name in references:
-        label, curve = REFERENCES[name]
-        print(f"{label} | " + " | ".join(_frames(steps_to(curve, s)) for s in scores))
-
-
-def median_steps(reached):
-    """The median of seeds' env steps to a score, a seed that stopped
-    before it (None) counting as later than all the others (None if the
-    median falls on such a seed)."""
-    ordered = sorted(reached, key=lambda x: float("inf") if x is None else x)
-    low, high = ordered[(len(ordered) - 1) // 2], ordered[len(ordered) // 2]
-    return None if low is None or high is None else (low + high) / 2
-
-
-def reference_at(curve, env_steps):
-    """The published curve's score at `env_steps`, linearly between its
-    points (None outside them)."""
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
-        if x0 <= env_steps <= x1:
-            return y0 + (y1 - y0) * (env_steps - x0) / (x1 - x0)
-    return None
-
 
 def _lag(record):
     """The run's mean policy lag in train steps ('-' where not recorded)."""

@@ -20,70 +20,21 @@ games) ended by a frame count, every `EVERY_FRAMES` frames. The games step
 in lockstep (one vectorised environment), so an episode of game k ends at
 `num_games x` game k's own frames so far, in the run's frames.
 
-This module writes `CURVES_JSON` (the points, with the zoo's commit, the
-paths read and each agent's config.yml) once; `load` reads it. Nothing
-here runs TensorFlow.
+This script writes `CURVES_JSON` (the points, with the zoo's commit, the
+paths read and each agent's config.yml) once; alf_async.testing.bench.curves
+reads it (`load`) and holds the curves' arithmetic. Nothing here runs
+TensorFlow.
 """
 
 import argparse
-import csv
-import io
 import json
-import os
 import subprocess
 
-from wall_clock_report import FRAMES_PER_STEP  # benchmarks/ (imports no TensorFlow)
+from alf_async.testing.bench.curves import (CURVES_JSON, EVERY_FRAMES, FRAMES_PER_STEP, WINDOW,
+                                            ZOO_AGENTS, ZOO_REPO, curve_from_monitors)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CURVES_JSON = os.path.join(HERE, "results", "published_sb3_zoo.json")
-ZOO_REPO = "DLR-RM/rl-trained-agents"
-WINDOW = 10                # episodes a point averages (per_frame.py's runs too)
-EVERY_FRAMES = 250_000     # frames between points
-# name: (the agent's directory in the zoo, <algo>/<env id>_<run>; its games; the curve's label)
-ZOO_AGENTS = {
-    "sb3_a2c_pong": ("a2c/PongNoFrameskip-v4_1", 16,
-                     "RL Baselines3 Zoo A2C, PongNoFrameskip-v4 (16 games' training logs)"),
-    "sb3_ppo_pong": ("ppo/PongNoFrameskip-v4_1", 8,
-                     "RL Baselines3 Zoo PPO, PongNoFrameskip-v4 (8 games' training logs)"),
-    "sb3_ppo_breakout": ("ppo/BreakoutNoFrameskip-v4_1", 8,
-                         "RL Baselines3 Zoo PPO, BreakoutNoFrameskip-v4 (8 games' training "
-                         "logs)"),
-}
 # Frames (millions) main() prints each curve at.
 MARKS = {"pong": (2.5, 4, 8, 12, 16, 20), "breakout": (2.5, 4, 7, 10, 12, 15, 20, 40)}
-
-
-def monitor_episodes(text):
-    """The (frames, score) of each episode in a Monitor CSV's text, in order."""
-    lines = [line for line in text.splitlines() if not line.startswith("#")]
-    return [(int(row["l"]), float(row["r"])) for row in csv.DictReader(io.StringIO(
-        "\n".join(lines)))]
-
-
-def curve_from_monitors(texts, every_frames=EVERY_FRAMES, window=WINDOW):
-    """The curve of one run's games (a Monitor CSV text per game).
-
-    Returns:
-        ((agent steps, score), ...): at every `every_frames` frames up to the
-        last episode's end, the mean score of the last `window` episodes
-        ended by then (points before the first `window` episodes are left out).
-    """
-    num_games = len(texts)
-    ended = []                       # (run frames at the episode's end, score)
-    for text in texts:
-        own = 0
-        for frames, score in monitor_episodes(text):
-            own += frames
-            ended.append((num_games * own, score))
-    ended.sort(key=lambda e: e[0])
-    points, k = [], 0
-    for mark in range(every_frames, ended[-1][0] + 1, every_frames):
-        while k < len(ended) and ended[k][0] <= mark:
-            k += 1
-        if k >= window:
-            scores = [score for _, score in ended[k - window:k]]
-            points.append((mark // FRAMES_PER_STEP, sum(scores) / window))
-    return tuple(points)
 
 
 def _git_show(zoo_dir, path):
@@ -108,13 +59,6 @@ def write(zoo_dir, path=CURVES_JSON):
         json.dump(curves, f, indent=1)
         f.write("\n")
     return curves
-
-
-def load(name, path=CURVES_JSON):
-    """(label, ((agent steps, score), ...)) of a curve in `CURVES_JSON`."""
-    with open(path) as f:
-        curve = json.load(f)[name]
-    return curve["label"], tuple(tuple(p) for p in curve["points"])
 
 
 def main():

@@ -12,7 +12,7 @@ one after the other, and each child measures:
    `DynamicStepDriver` collects a batch, the agent trains on it). From
    --warmup_secs on, at each batch the learner takes (at most every 0.5 s),
    the process's CPU seconds, context switches and each thread's CPU
-   seconds are sampled (`thread_cpu.py`); the window between the first and
+   seconds are sampled (alf_async.testing.bench.thread_cpu); the window between the first and
    the last sample gives CPU per env step, whole and by thread group.
    Evaluations and checkpoints are off; summaries are the gin file's.
 2. **The parts alone**, in the same process after the run, each timed in
@@ -57,11 +57,13 @@ import tempfile
 import threading
 import time
 
-import thread_cpu
-from bare_network import cpu_per_call
 import bare_network
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
+from bare_network import cpu_per_call, inference_alone
 from host_info import add_kernel_flags, choose_kernels, describe, host
+
+from alf_async.testing.bench import thread_cpu
+from alf_async.testing.bench.layout_rows import forward_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("alf_async", "tf_agents")
@@ -107,20 +109,6 @@ class Window(object):
                     threads_ms={k: per_step(v) for k, v in thread_cpu.split(first, last).items()})
 
 
-def forward_rows(side):
-    """Rows per forward pass as `side` runs the parsed gin config: alf_async's
-    actors batch `actor_queue_cap` env threads of `env_batch_size` games, an
-    env thread acting itself (`num_actor_queues = 0`) its own
-    `env_batch_size`; the synchronous loop all `num_envs x env_batch_size`."""
-    import gin
-    import wall_clock_learning as wcl
-    q = wcl._query  # the bound value, else train()'s default
-    batch = gin.query_parameter("train.env_batch_size")
-    if side != "alf_async":
-        return batch * q("train.num_envs", 1)
-    return batch * (q("train.actor_queue_cap", 1) if q("train.num_actor_queues", 1) else 1)
-
-
 def env_alone(py_env, secs, seed=0):
     """CPU ms per env step of a batched Python environment stepped alone,
     with random actions drawn beforehand."""
@@ -135,16 +123,6 @@ def env_alone(py_env, secs, seed=0):
                                else draw() for _ in range(64)])
     py_env.reset()
     return 1000.0 * cpu_per_call(lambda: py_env.step(next(actions)), secs) / rows
-
-
-def inference_alone(policy, time_step_spec, rows, secs):
-    """CPU ms per env step of the policy's action on `rows` time steps."""
-    import tensorflow as tf
-    from tf_agents.specs import tensor_spec
-    time_step = tensor_spec.sample_spec_nest(time_step_spec, outer_dims=(rows,), seed=0)
-    state = policy.get_initial_state(rows)
-    action = tf.function(lambda: policy.action(time_step, state))
-    return 1000.0 * cpu_per_call(action, secs) / rows
 
 
 def learner_on_random_batch(agent, seed=0):

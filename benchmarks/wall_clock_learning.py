@@ -78,7 +78,8 @@ import time
 
 import unroll_sync  # benchmarks/ is this script's directory (imports no TensorFlow)
 from host_info import add_kernel_flags, choose_kernels, host
-from wall_clock_report import SIDES, algorithm, load_records, report
+
+from alf_async.testing.bench.wall_clock_report import SIDES, algorithm, load_records, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN_FILES = {

@@ -19,13 +19,12 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.driver.layout import check_layout, format_layout, parse_layout
 from alf_async.driver.layout_model import Layout
 from alf_async.learning.policy_lag import TrainStepStampedPolicy
+from alf_async.testing.bench.graph_ops import graph_ops_per_step
 from alf_async.testing.envs import BlockingCountingEnv, CountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import FailingPolicy, StatefulCountingPolicy
 from conftest import driver_threads
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import driver_cost  # noqa: E402  (benchmarks/)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -171,7 +170,7 @@ def test_graph_loop_ops_per_step_as_the_cost_account_counts_them():
             driver = AsyncOffPolicyDriver(constructor("graph"), policy, num_envs=num_envs,
                                           num_actor_queues=queues, unroll_length=T)
             try:
-                counts[num_envs, queues] = driver_cost.graph_ops_per_step(driver)
+                counts[num_envs, queues] = graph_ops_per_step(driver)
             finally:
                 driver.stop()
     # Queue ops per step of an env thread's graph loop: the log and learn
@@ -192,7 +191,7 @@ def test_graph_loop_ops_per_step_as_the_cost_account_counts_them():
 
 def test_the_cost_account_runs_each_side_and_records_the_host(tmp_path):
     out = tmp_path / "cost.json"
-    script = os.path.join(os.path.dirname(driver_cost.__file__), "driver_cost.py")
+    script = os.path.join(REPO, "benchmarks", "driver_cost.py")
     done = subprocess.run(
         [sys.executable, script, "--paths", "graph", "--rows", "2", "--layouts", "1x2",
          "--rounds", "1", "--seconds", "0.5", "--unroll_length", "4", "--json", str(out)],

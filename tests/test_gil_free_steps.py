@@ -3,8 +3,6 @@
 no step token; those whose steps hold it take turns. Trajectories stay
 exact either way."""
 
-import os
-import sys
 import threading
 import time
 
@@ -14,12 +12,9 @@ from tf_agents.environments import tf_py_environment, wrappers
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import capabilities
+from alf_async.testing.bench.graph_ops import graph_ops_per_step
 from alf_async.testing.envs import CountingEnvConstructor
 from alf_async.testing.policies import StatefulCountingPolicy
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import driver_cost  # noqa: E402  (benchmarks/)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -106,7 +101,7 @@ def test_the_step_token_costs_two_queue_ops_a_step_only_where_the_gil_is_held(re
     driver = AsyncOffPolicyDriver(build, policy_for(build), num_envs=2, num_actor_queues=0,
                                   unroll_length=T)
     try:
-        ops = driver_cost.graph_ops_per_step(driver)
+        ops = graph_ops_per_step(driver)
     finally:
         driver.stop()
     # The log and learn queues' enqueue_many once per unroll, and with the

@@ -9,12 +9,11 @@ import sys
 
 import pytest
 
+from alf_async.testing.bench import op_groups
+
 pytestmark = pytest.mark.timeout(200)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import learner_ops  # noqa: E402  (benchmarks/; imports TensorFlow only where it runs)
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -30,7 +29,7 @@ import learner_ops  # noqa: E402  (benchmarks/; imports TensorFlow only where it
     ("while/body/_418/GatherV2_3:GatherV2", "the rest"),
 ])
 def test_ops_are_grouped_by_type_and_scope(name, expected):
-    assert learner_ops.group(name) == expected
+    assert op_groups.group(name) == expected
 
 
 def test_learner_ops_tiny_ppo_run_on_the_emulated_kind_records_it(tmp_path):
@@ -49,7 +48,7 @@ def test_learner_ops_tiny_ppo_run_on_the_emulated_kind_records_it(tmp_path):
         "float32")
     record = json.loads(out.read_text())
     groups = record["groups_ms"]
-    assert list(groups) == list(learner_ops.GROUPS)
+    assert list(groups) == list(op_groups.GROUPS)
     assert sum(groups.values()) == pytest.approx(record["ops_ms"], rel=1e-9)
     # CartPole's dense networks: matmuls, no convolutions; Adam's ops.
     assert groups["convolutions"] == 0.0

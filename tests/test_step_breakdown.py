@@ -10,20 +10,21 @@ import time
 
 import pytest
 
+from alf_async import kernels
+from alf_async.testing.bench import host as host_info
+from alf_async.testing.bench import thread_cpu
+from alf_async.testing.bench.layout_rows import forward_rows
+
 pytestmark = pytest.mark.timeout(240)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import host_info  # noqa: E402  (benchmarks/, imports no TensorFlow)
-import thread_cpu  # noqa: E402
 
 
 def test_host_record_names_cpu_extensions_versions_and_calibration(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     monkeypatch.setenv("ALF_ASYNC_HOST_KIND", "avx2")
-    machine = host_info.host()
+    machine = host_info.record(kernels.in_effect())   # benchmarks/host_info.py's host()
     assert set(machine) == {"cpu", "cores", "cpu_flags", "tensorflow", "env", "kernels",
                             "python_loop_secs", "numpy_matmul_secs"}
     # What ran: the emulated kind, and oneDNN off as the variable says.
@@ -139,11 +140,10 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
 ])
 def test_forward_rows_follow_the_layout_the_gin_file_gives(bindings, side, rows):
     import gin
-    import step_breakdown
     from alf_async.bin.train import parse_gin
     gin.clear_config()
     try:
         parse_gin([os.path.join(REPO, "gin_configs", "ppo_pong.gin")], bindings)
-        assert step_breakdown.forward_rows(side) == rows
+        assert forward_rows(side) == rows
     finally:
         gin.clear_config()

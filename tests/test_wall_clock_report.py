@@ -1,15 +1,9 @@
 """wall_clock_learning.py's report names each run's host and compares the
 two sides per seed only where they ran on one kind of host."""
 
-import os
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import wall_clock_report  # noqa: E402  (benchmarks/, imports no TensorFlow)
+from alf_async.testing.bench import wall_clock_report
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,5 @@
-"""The reporting half of wall_clock_learning.py: its table, picture and JSON.
+"""The reporting half of benchmarks/wall_clock_learning.py: its table,
+picture and JSON.
 
 Records are the dicts a run prints (see wall_clock_learning.one_run), keyed
 here by (side, seed). Nothing here runs TensorFlow.
@@ -8,7 +9,9 @@ import json
 import os
 import statistics
 
-from host_info import describe, kind
+from alf_async.testing.bench import curves
+from alf_async.testing.bench.curves import BASELINES_PPO2_PONG, FRAMES_PER_STEP
+from alf_async.testing.bench.host import describe, kind
 
 SIDES = ("alf_async", "tf_agents")
 
@@ -16,24 +19,13 @@ SIDES = ("alf_async", "tf_agents")
 ATARI = ("Breakout-v5", "Breakout-v5-envpool", "Pong-v5-ppo", "Pong-v5-impala",
          "Breakout-v5-ppo")
 # Training episodes a training score averages (the published curves' window,
-# published_curves.WINDOW).
+# curves.WINDOW).
 TRAINING_WINDOW = 10
-FRAMES_PER_STEP = 4
 # A reference for the Atari pictures: Dopamine's DQN baseline (the Nature CNN
 # and the settings dqn_breakout.gin copies), baselines/atari/data/breakout.json,
 # iteration 0 (its first 1M frames, training episodes): 1.57, 1.65, 1.65, 1.64,
 # 1.70 over 5 seeds. Iterations 1 and 2 (1-3M frames) average 3.1 and 3.9.
 DOPAMINE_DQN_BREAKOUT_FIRST_1M_FRAMES = 1.64
-# A reference for the Pong pictures: OpenAI baselines' ppo2 (the Nature CNN, 8
-# games, 4 epochs; Schulman et al. 2017's Atari settings) on PongNoFrameskip-v4
-# (no sticky actions), mean over seeds, as openrlbenchmark plots it
-# (static/cleanrl_vs_baselines_atari.png, the PongNoFrameskip-v4 panel, blue:
-# openrlbenchmark/baselines/baselines-ppo2-cnn). Read off the picture's pixels
-# against its grid lines (about +-0.5 in score, +-0.05M in steps); its x-axis
-# is agent steps (4 frames each). (agent steps, score):
-BASELINES_PPO2_PONG = ((0, -20.5), (400_000, -20.0), (640_000, -9.5), (790_000, -3.8),
-                       (1_000_000, 3.0), (1_250_000, 6.3), (1_540_000, 9.6),
-                       (2_110_000, 12.7), (2_960_000, 15.9), (4_110_000, 19.0))
 
 
 def algorithm(task):
@@ -306,8 +298,7 @@ def plot(task, records, path):
             label, curve = ("OpenAI baselines ppo2, PongNoFrameskip-v4 (no sticky actions), "
                             "openrlbenchmark", BASELINES_PPO2_PONG)
         else:
-            import published_curves  # benchmarks/; it imports this module
-            label, curve = published_curves.load("sb3_ppo_breakout")
+            label, curve = curves.load("sb3_ppo_breakout")
             label += ", training episodes"
         most = max([1.0] + [r["env_steps"] * FRAMES_PER_STEP / 1e6
                             for r in records.values()]) * 1.05
@@ -330,15 +321,14 @@ def print_frames_to_scores(task, records):
     """Per frame, from the same runs' training episodes: per_frame.py's table
     of the frames each run took to its task's training scores, beside the
     published curves (nothing for a task per_frame.py has no curve for)."""
-    import per_frame  # benchmarks/; imported here, as it imports this module
-    if task not in per_frame.TASKS:
+    if task not in curves.TASKS:
         return
-    references, scores, _ = per_frame.TASKS[task]
+    references, scores, _ = curves.TASKS[task]
     runs = [dict(name=task, side=side, seed=seed, env_steps=record["env_steps"],
                  episodes=[(steps, score, None) for _, steps, score in record["training_episodes"]])
             for (side, seed), record in by_seed(records) if record.get("training_episodes")]
     if runs:
-        per_frame.frames_to_scores(runs, scores, references)
+        curves.frames_to_scores(runs, scores, references)
 
 
 def report(task, records, report_minutes, budget, out_dir):
