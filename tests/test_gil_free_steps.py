@@ -1,5 +1,5 @@
 """Graph-mode env threads whose environments' steps release the GIL
-(`step_releases_gil`, EnvPool's lockstep pool) step at the same time, with
+(`capabilities.GilFreeStep`, EnvPool's lockstep pool) step at the same time, with
 no step token; those whose steps hold it take turns. Trajectories stay
 exact either way."""
 
@@ -41,12 +41,11 @@ class InStep(object):
 
 class SleepingBatch(wrappers.PyEnvironmentBaseWrapper):
     """A batch of CountingEnvs whose every step first sleeps (the GIL free),
-    counted by `in_step`; `releases` says whether it declares so."""
+    counted by `in_step`; it does not declare so."""
 
-    def __init__(self, env, in_step, releases):
+    def __init__(self, env, in_step):
         super().__init__(env)
         self._in_step = in_step
-        self.step_releases_gil = releases
 
     def _step(self, action):
         with self._in_step:
@@ -54,11 +53,16 @@ class SleepingBatch(wrappers.PyEnvironmentBaseWrapper):
             return self._env.step(action)
 
 
+class GilFreeSleepingBatch(SleepingBatch, capabilities.GilFreeStep):
+    """A SleepingBatch that declares that its step releases the GIL."""
+
+
 def make_constructor(in_step, releases):
     inner = CountingEnvConstructor(batch_size=B, episode_length=lambda i: 3 + i % 4)
+    batch = GilFreeSleepingBatch if releases else SleepingBatch
 
     def build():
-        return tf_py_environment.TFPyEnvironment(SleepingBatch(inner().pyenv, in_step, releases))
+        return tf_py_environment.TFPyEnvironment(batch(inner().pyenv, in_step))
     return build
 
 

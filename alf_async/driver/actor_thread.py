@@ -41,7 +41,8 @@ import threading
 
 import tensorflow as tf
 
-from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS, flat_policy_step
+from alf_async.driver.acting import flat_policy_step
+from alf_async.driver.queues import QUEUE_CLOSED_ERRORS
 
 
 class ActorThread(threading.Thread):

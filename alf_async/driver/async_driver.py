@@ -28,23 +28,21 @@ the learn queue); `stop()` waits at most `stop_grace_period_secs` for the
 threads.
 """
 
-import concurrent.futures
 import logging
-import os
 import threading
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from alf_async.tf215_py311_fixes import eager_tensor_fix, protocol_check_fix
 from alf_async.driver import metrics as metrics_lib
+from alf_async.driver.acting import own_action
 from alf_async.driver.actor_thread import ActorThread
-from alf_async.driver.env_rows import row_envs
-from alf_async.driver.env_thread import (QUEUE_CLOSED_ERRORS, EnvThread, blocks, own_action,
-                                         takes_step_token, uses_python_env)
+from alf_async.driver.env_setup import check_specs, close_envs, make_envs
+from alf_async.driver.env_thread import EnvThread
 from alf_async.driver.log_thread import LogThread
-from alf_async.driver.queues import TFQueues, check_pacing, check_queue_config
+from alf_async.driver.queues import QUEUE_CLOSED_ERRORS, TFQueues, check_pacing, check_queue_config
+from alf_async.driver.stepping import ROWS, stepping_of, warn_if_few_inter_op_threads
 
 logger = logging.getLogger(__name__)
 
@@ -122,13 +120,15 @@ class AsyncOffPolicyDriver(object):
         self._learn_queue_cap = learn_queue_cap
         self._exp_observers = list(exp_observers)
         self._grace = stop_grace_period_secs
-        self._envs = _make_envs(env_constructor, num_envs)
-        _warn_if_few_inter_op_threads(self._envs, num_actor_queues)
+        self._envs = make_envs(env_constructor, num_envs)
         try:
-            self._env_batch_size = _check_specs(self._envs, policy)
+            # How each environment is stepped: decided here, once.
+            self._steppings = [stepping_of(e) for e in self._envs]
+            warn_if_few_inter_op_threads(self._steppings, num_actor_queues)
+            self._env_batch_size = check_specs(self._envs, policy)
             self._build(num_envs, num_actor_queues, actor_queue_cap, observers, metrics)
         except BaseException:
-            _close_envs(self._envs)
+            close_envs(self._envs)
             raise
         self._started = False
         self._stopped = False
@@ -149,7 +149,7 @@ class AsyncOffPolicyDriver(object):
             trajectory_spec=self._policy.trajectory_spec, batches_ahead=self._batches_ahead)
         q = self._queues
         # Env threads stepping rows one by one ask for some rows per request.
-        by_rows = [row_envs(e) is not None for e in self._envs]
+        by_rows = [s.kind == ROWS for s in self._steppings]
         self._actor_threads = [
             ActorThread(f"actor{k}", self._coord, self._policy, q.actor_queues[k],
                         q.action_return_queues, range(k, num_envs, num_actor_queues), B,
@@ -161,7 +161,7 @@ class AsyncOffPolicyDriver(object):
             lambda t: t.numpy(), self._policy.get_initial_state(B))
         # The step token only where two graph-mode Python steps holding the
         # GIL could contend.
-        graph_python = [takes_step_token(e) for e in self._envs]
+        graph_python = [s.takes_step_token for s in self._steppings]
         token = q.step_token if sum(graph_python) > 1 else None
         if num_actor_queues:
             actors = [dict(actor_queue=q.actor_queues[i % num_actor_queues],
@@ -171,12 +171,12 @@ class AsyncOffPolicyDriver(object):
             # Env threads that act themselves; those with a Python loop share
             # one traced forward pass.
             own = own_action(self._policy, q) if not all(
-                EnvThread.steps_in_graph(e) for e in self._envs) else None
+                s.in_graph for s in self._steppings) else None
             actors = [dict(actor_queue=None, return_queue=None, policy=self._policy,
                            own_action_fn=own)] * num_envs
         self._env_threads = [
             EnvThread(f"env{i}", self._coord, env, i, q, initial_policy_state=initial_state,
-                      unroll_length=self._unroll_length,
+                      unroll_length=self._unroll_length, stepping=self._steppings[i],
                       step_token=token if graph_python[i] else None, **actors[i])
             for i, env in enumerate(self._envs)
         ]
@@ -321,11 +321,12 @@ class AsyncOffPolicyDriver(object):
             self._stopped = True
             self._coord.request_stop()
             self._queues.close_all()
-            # Environments that block on the outside (declared with
-            # blocking_step) promise a close() that is safe from any thread and
-            # wakes a blocked step: close them now rather than after a wait.
-            _close_envs([e for e in self._envs if blocks(e)])
-            others = [e for e in self._envs if not blocks(e)]
+            # Environments that block on the outside (BlockingStep) promise a
+            # close() that is safe from any thread and wakes a blocked step:
+            # close them now rather than after a wait.
+            blocking = [s.blocks for s in self._steppings]
+            close_envs([e for e, b in zip(self._envs, blocking) if b])
+            others = [e for e, b in zip(self._envs, blocking) if not b]
             try:
                 if self._started:
                     # Closed queues end every thread within a step; a thread
@@ -336,11 +337,11 @@ class AsyncOffPolicyDriver(object):
                     for t in self._threads:
                         t.join(max(0.0, deadline - time.monotonic()))
                     if any(t.is_alive() for t in self._env_threads):
-                        _close_envs(others)
+                        close_envs(others)
                         others = []
                     self._coord.join(self._threads, stop_grace_period_secs=self._grace / 2)
             finally:
-                _close_envs(others)
+                close_envs(others)
                 deadline = time.monotonic() + 2.0
                 for t in self._env_threads:
                     t.drop_graph_loop()
@@ -362,131 +363,8 @@ class AsyncOffPolicyDriver(object):
         self._queues.close_all()
 
 
-_warned_inter_op = False
-
-
-def _warn_if_few_inter_op_threads(envs, num_actor_queues):
-    """Warns once per process when TF's inter-op pool cannot hold the
-    environment steps that may run in it at the same time and the actors.
-
-    A graph-mode env thread steps a Python environment inside a
-    numpy_function, which holds one of TF's inter-op threads while it runs.
-    Those env threads take turns (the step token: one Python step at a
-    time), so together they hold one thread; other graph-mode environments
-    (a TFPyEnvironment with isolation=True, a TF-native one) may hold one
-    each. Python steps that release the GIL take no token and may hold one
-    each too, but count as one here: they end by themselves within a step
-    of the pool, and a third inter-op thread did not help ppo_pong.gin's two
-    EnvPool pools and actor (498 and 515 env steps/s against 609 and 504
-    with two, alternating runs). Environments declaring `blocking_step`
-    step off the pool. More threads than these steps and the actor threads
-    change nothing (measured: a 10 ms in-process step on 2 env threads ran
-    at ~90 steps/s with 2, 6 or 8 inter-op threads; docs/performance.md
-    found no gain for ppo_pong.gin either), so the hint shows only where
-    the pool is smaller,
-    e.g. `train.inter_op_threads = 1`. The pool is sized by
-    `tf.config.threading.set_inter_op_parallelism_threads(n)`, which only
-    works before TF starts running ops (alf-async-train and `train()` set
-    it from the gin binding `train.inter_op_threads`).
-    """
-    global _warned_inter_op
-    in_graph = [e for e in envs if not blocks(e)]
-    python_steps = sum(uses_python_env(e) for e in in_graph)
-    steps_at_once = min(python_steps, 1) + len(in_graph) - python_steps
-    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count()
-    wanted = steps_at_once + num_actor_queues
-    if threads < wanted and not _warned_inter_op:
-        _warned_inter_op = True
-        logger.warning(
-            "TF has %d inter-op threads for %d graph-mode environment steps at a time (of %d "
-            "env threads) and %d actor threads: an environment step and the actors' forward "
-            "passes cannot all run at once. Run alf-async-train with --gin_param "
-            "'train.inter_op_threads = %d' (in Python: "
-            "tf.config.threading.set_inter_op_parallelism_threads(%d) before TF runs any op). "
-            "A slow in-process simulator steps off the pool, several at once, with "
-            "blocking_step = True on its PyEnvironment.",
-            threads, steps_at_once, len(in_graph), num_actor_queues, wanted, wanted)
-
-
 def _size(queue):
     try:
         return int(queue.size())
     except tf.errors.OpError:
         return 0
-
-
-def _make_envs(env_constructor, num_envs):
-    """Calls env_constructor num_envs times concurrently; closes all and re-raises on failure."""
-    with concurrent.futures.ThreadPoolExecutor(num_envs,
-                                               thread_name_prefix="env_constructor") as pool:
-        futures = [pool.submit(env_constructor) for _ in range(num_envs)]
-        concurrent.futures.wait(futures)
-    envs = [f.result() for f in futures if f.exception() is None]
-    for f in futures:
-        if f.exception() is not None:
-            _close_envs(envs)
-            raise f.exception()
-    return envs
-
-
-def _close_envs(envs):
-    for env in envs:
-        close = getattr(env, "close", None)
-        if close is None:
-            continue
-        try:
-            close()
-        except NotImplementedError:
-            pass
-        except Exception:  # a failing close must not hide the error being raised
-            logger.exception("closing environment %r failed", env)
-
-
-def _spec_str(spec):
-    return str(tf.nest.map_structure(
-        lambda s: f"{s.dtype.name}{s.shape.as_list()}" + (
-            f"[{np.min(s.minimum)}..{np.max(s.maximum)}]" if hasattr(s, "minimum") else ""),
-        spec))
-
-
-def _specs_match(a, b):
-    """Same structure, dtypes, shapes and (where both are bounded) bounds; names ignored."""
-    try:
-        tf.nest.assert_same_structure(a, b)
-    except (ValueError, TypeError):
-        return False
-    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return False
-        if hasattr(x, "minimum") and hasattr(y, "minimum"):
-            if not (np.array_equal(np.broadcast_to(x.minimum, x.shape),
-                                   np.broadcast_to(y.minimum, y.shape)) and
-                    np.array_equal(np.broadcast_to(x.maximum, x.shape),
-                                   np.broadcast_to(y.maximum, y.shape))):
-                return False
-    return True
-
-
-def _check_specs(envs, policy):
-    """Checks every env against env 0 and the policy; returns the batch size B."""
-    first = envs[0]
-    B = first.batch_size
-    if B is None or B < 1:
-        raise ValueError(f"environments must have a batch size >= 1, got {B}")
-    for i, env in enumerate(envs[1:], start=1):
-        if env.batch_size != B:
-            raise ValueError(f"env {i} has batch size {env.batch_size}, env 0 has {B}: "
-                             f"every environment must have the same batch size")
-        for what in ("time_step_spec", "action_spec"):
-            a, b = getattr(first, what)(), getattr(env, what)()
-            if not _specs_match(a, b):
-                raise ValueError(f"env {i}'s {what} differs from env 0's: expected "
-                                 f"{_spec_str(a)}, got {_spec_str(b)}")
-    for what, env_spec, policy_spec in [
-            ("time_step_spec", first.time_step_spec(), policy.time_step_spec),
-            ("action_spec", first.action_spec(), policy.action_spec)]:
-        if not _specs_match(env_spec, policy_spec):
-            raise ValueError(f"the environments' {what} does not match the policy's: "
-                             f"policy expects {_spec_str(policy_spec)}, environments "
-                             f"have {_spec_str(env_spec)}")
-    return B

@@ -9,20 +9,18 @@ unbatched PyEnvironments: one Python worker thread per row, each stepping its
 own environment (a blocking step releases the GIL while it waits), and one
 shared ready queue that the env thread drains.
 
-`row_envs(tf_env)` says which environments are stepped this way: a
-TFPyEnvironment whose Python environment has `envs` (tf-agents'
-BatchedPyEnvironment, our BatchedSubprocessEnv, ExternalEnv's batched slots),
-every one of them unbatched and whose step blocks
-(`capabilities.steps_block`), or whose Python environment is itself a
-`capabilities.RowStepping` batch (suite_envpool's pools, envpool_rows.py).
-Rows whose environments offer a stepper of their own get it instead of worker
-threads (`row_stepper`: ExternalEnv's slots, slot_stepper.py; SubprocessEnvs,
-subprocess_rows.py; a RowStepping batch always does). Rows may be
-`AppliedStep`s (ExternalEnv's slots are): whatever steps a row reads
-`applied_step()` right after the row's step, and `RowRecorder` records the
-applied action in that row's transition and keeps its `trainable` flag with
-the row's unroll (the env thread makes the learner's copy inert where needed,
-applied_steps.py).
+Which environments are stepped this way is decided once, by
+`stepping.stepping_of` (its `rows`): a `capabilities.RowStepping` batch
+(suite_envpool's pools, envpool_rows.py), or a batch whose rows are
+separate unbatched `BlockingStep` environments. `row_stepper` gives the
+`alf_async.roles.RowStepper` that steps them: the batch's own, or the rows'
+own when they offer one (`capabilities.OffersRowStepper`: ExternalEnv's
+slots, slot_stepper.py; SubprocessEnvs, subprocess_rows.py), else
+`RowWorkers`. Rows may be `AppliedStep`s (ExternalEnv's slots are):
+whatever steps a row reads `applied_step()` right after the row's step, and
+`RowRecorder` records the applied action in that row's transition and keeps
+its `trainable` flag with the row's unroll (the env thread makes the
+learner's copy inert where needed, applied_steps.py).
 
 `RowRecorder` keeps each row's unroll as it grows; complete ones wait in
 `complete` until the env thread ships them.
@@ -43,54 +41,41 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from tf_agents.environments import py_environment
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from alf_async.driver.applied_steps import put_action
+from alf_async.driver.stepping import stepping_of
 from alf_async.environments import capabilities
 from alf_async.environments.capabilities import RowFailed
+from alf_async.roles import RowStepper
 
 _RESET = object()
 _STOP = object()
 
 
 def row_envs(tf_env):
-    """What steps `tf_env`'s rows if they are to be stepped one by one (see the
-    module docstring), else None: its Python environment when that is a
-    `capabilities.RowStepping` batch, else the unbatched environments of its
-    rows (a list)."""
-    pyenv = capabilities.python_env(tf_env)
-    if pyenv is None or getattr(tf_env, "_pool", None) is not None:
-        return None
-    if isinstance(pyenv, capabilities.RowStepping):
-        return pyenv
-    envs = getattr(pyenv, "envs", None)
-    if not envs:
-        return None
-    if all(isinstance(e, py_environment.PyEnvironment) and not e.batched and
-           capabilities.steps_block(e) for e in envs):
-        return list(envs)
-    return None
+    """What steps `tf_env`'s rows one by one (`stepping_of(tf_env).rows`):
+    the RowStepping batch, the rows' unbatched environments (a list), or
+    None when its rows are not stepped one by one."""
+    return stepping_of(tf_env).rows
 
 
 def row_stepper(name, envs, recorder):
-    """What steps `envs` (what `row_envs` returned) row by row for an env
-    thread, recording each row's steps with `recorder` (a RowRecorder): a
-    RowStepping batch's own stepper (`envs.make_row_stepper(
-    recorder.record_rows)`), the rows' own stepper if their environments
-    offer one (`envs[0].row_stepper(envs, recorder.record)` returning an
-    object with RowWorkers' interface; ExternalEnv slots do,
-    slot_stepper.py, and SubprocessEnvs, subprocess_rows.py), else
-    `RowWorkers(name, envs, recorder.record)`."""
+    """The `alf_async.roles.RowStepper` of `envs` (a `Stepping.rows`) for an
+    env thread, recording each row's steps with `recorder` (a RowRecorder):
+    a RowStepping batch's own (`envs.make_row_stepper(recorder.record_rows)`),
+    the rows' own if they offer one (`capabilities.OffersRowStepper`:
+    `envs[0].row_stepper(envs, recorder.record)`, None when it cannot step
+    them all), else `RowWorkers(name, envs, recorder.record)`."""
     if isinstance(envs, capabilities.RowStepping):
         return envs.make_row_stepper(recorder.record_rows)
-    on_step = recorder.record
-    offer = getattr(envs[0], "row_stepper", None)
-    stepper = offer(envs, on_step) if callable(offer) else None
-    return stepper if stepper is not None else RowWorkers(name, envs, on_step)
+    stepper = None
+    if isinstance(envs[0], capabilities.OffersRowStepper):
+        stepper = envs[0].row_stepper(envs, recorder.record)
+    return stepper if stepper is not None else RowWorkers(name, envs, recorder.record)
 
 
-class RowWorkers(object):
+class RowWorkers(RowStepper):
     """One worker thread per environment row; results come back on one queue."""
 
     def __init__(self, name, envs, on_step):
@@ -190,7 +175,7 @@ class RowWorkers(object):
 
 
 class RowRecorder(object):
-    """Per-row unroll buffers for `EnvThread._rows_loop`.
+    """Per-row unroll buffers for an env thread's rows loop (rows_loop.py).
 
     Threads: `record(r, ...)` is called by row r's worker right after its
     step (or by the env thread, in a stepper's `recv`), `record_rows` in a

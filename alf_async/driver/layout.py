@@ -25,7 +25,8 @@ How it chooses, within `budget_secs`:
    with random actions: a step's wall time, this thread's CPU time in it
    (for a Python environment, the GIL is held then), the whole process's
    (EnvPool's own threads step without the GIL), whether the driver steps
-   its rows one by one (`BlockingStep` or `RowStepping` environments) and
+   its rows one by one (`stepping.stepping_of`: `BlockingStep` or
+   `RowStepping` environments) and
    whether they come in receives (EnvPool); the policy's batched forward
    pass timed at batch sizes 1, 2, 4, ... up to `num_environments`.
 2. **Candidates** (`layout_model.candidates`): every split of the rows
@@ -69,8 +70,8 @@ import tensorflow as tf
 from tf_agents.specs import array_spec, tensor_spec
 
 from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedError
-from alf_async.driver.env_thread import blocks
 from alf_async.driver.layout_model import Layout, Profile, candidates, measuring_order
+from alf_async.driver.stepping import stepping_of
 from alf_async.environments import capabilities
 
 LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
@@ -180,7 +181,7 @@ def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.m
     env = env_constructor(batch_size=1) if any_batch else env_constructor()
     try:
         py_env = capabilities.python_env(env)
-        rows_stepped = blocks(env) or isinstance(py_env, capabilities.RowStepping)
+        rows_stepped = stepping_of(env).rows_one_by_one
         receives = getattr(py_env, "recv_batch_size", None) is not None
         rows = env.batch_size or 1
         step_secs, step_cpu_secs, step_gil_secs = (

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from alf_async.driver.env_thread import QUEUE_CLOSED_ERRORS
+from alf_async.driver.queues import QUEUE_CLOSED_ERRORS
 
 
 class LogThread(threading.Thread):

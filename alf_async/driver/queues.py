@@ -9,6 +9,9 @@ wakes every thread of the driver.
 
 import tensorflow as tf
 
+# What a queue op raises once the queue is closed (the driver's stop).
+QUEUE_CLOSED_ERRORS = (tf.errors.CancelledError, tf.errors.OutOfRangeError)
+
 
 class NestFIFOQueue(object):
     """A `tf.queue.FIFOQueue` whose elements are nests of tensors.
@@ -163,12 +166,11 @@ class TFQueues(object):
             batches_ahead: None, or the learner batches the env threads may
                 have begun and the learner not yet taken (the `permits`).
 
-        Raises:
-            ValueError: for a configuration that is empty or cannot work.
+        The configuration is checked by `check_queue_config` and
+        `check_pacing`, which the driver runs before it builds its
+        environments (a configuration that cannot work starts no child
+        process); this constructor assumes it passed.
         """
-        check_queue_config(num_envs, num_actor_queues, actor_queue_cap,
-                           learn_queue_cap, unroll_length)
-        check_pacing(batches_ahead, num_envs, learn_queue_cap)
         B = env_batch_size
         self.num_envs = num_envs
         self.env_batch_size = B

@@ -10,18 +10,18 @@ them in one place (the driver and the learner check for them with
   process (a child process, a Ray actor, an external client). The driver
   steps it from Python threads rather than inside TF's inter-op pool, steps
   the rows of a batch of them one by one (env_rows.py), and closes it at
-  once on stop. SubprocessEnv, BatchedSubprocessEnv, RayBatchedEnv and
-  ExternalEnv's slots are BlockingStep. An environment that cannot subclass
-  it opts in with the attribute `blocking_step = True` (`steps_block`).
-- `step_releases_gil`: an attribute, not a class. An environment whose
-  step waits with the GIL released (EnvPool's lockstep pool, whose C++
-  threads step the games) declares `step_releases_gil = True`
-  (`steps_release_gil`). The driver steps it in its graph loop as any
-  in-process environment, but without the step token that makes other
-  graph-mode Python steps take turns: they would only hold the GIL one at
-  a time anyway, while two pools step at once (measured on 2 cores, 16
-  EnvPool Breakout games on 2 env threads acting themselves: 1.10-1.22x
-  lockstep without the token, 0.68-1.05x with it).
+  once on stop. SubprocessEnv, BatchedSubprocessEnv, RayBatchedEnv, EnvPoolEnv
+  and ExternalEnv's slots are BlockingStep. An environment that cannot
+  subclass it (one a suite built and wrapped) declares it with the attribute
+  `blocking_step = True` on itself or its class: `isinstance(env,
+  BlockingStep)` is True for it too, and that check is the only place the
+  attribute is read.
+- `GilFreeStep`: the environment's step waits with the GIL released
+  (EnvPool's lockstep pool, whose C++ threads step the games). The driver
+  steps it in its graph loop as any in-process environment, but without
+  the step token that makes other graph-mode Python steps take turns: they
+  would only hold the GIL one at a time anyway, while two pools step at
+  once (benchmarks/results/HISTORY.md has the runs).
 - `AppliedStep`: right after each step the environment says which action it
   actually applied and whether the transition may be trained on
   (`applied_step()`); the env thread records that action in the trajectory
@@ -29,12 +29,19 @@ them in one place (the driver and the learner check for them with
   boundaries. ExternalEnv's slots are AppliedStep (logged actions,
   `training_enabled=False` episodes); any environment that clips, overrides
   or vetoes actions may be.
-- `RowStepping`: a batched environment that steps its own rows one by one,
-  each as soon as it has its action, and reports whichever rows are ready
-  (EnvPool's asynchronous mode: suite_envpool's EnvPoolEnv). Its env
-  thread steps it row by row through the stepper the environment makes
-  (`make_row_stepper`), with no Python thread per row.
-- `RowFailed`: what a row stepper (the driver's row workers, SlotStepper,
+- Row steppers (`alf_async.roles.RowStepper`): what steps the rows of a
+  batch one by one for their env thread. Two kinds of environment offer
+  their own, each a class here, so that the driver needs no Python thread
+  per row:
+  - `RowStepping`: a batched environment that steps its own rows one by
+    one, each as soon as it has its action, and reports whichever rows are
+    ready (EnvPool's asynchronous mode: suite_envpool's EnvPoolEnv;
+    `make_row_stepper`).
+  - `OffersRowStepper`: an unbatched environment, a row of a batch of them,
+    that can step the batch's rows itself when they are all of its kind
+    (ExternalEnv's slots, SubprocessEnvs; `row_stepper`).
+  Rows of other blocking environments get the driver's row workers.
+- `RowFailed`: what a row stepper (the driver's RowWorkers, SlotStepper,
   SubprocessRows, EnvPoolRows) reports for a row instead of its time step
   when that row's environment raised; the env thread raises the error
   again.
@@ -65,12 +72,33 @@ class Restartable(abc.ABC):
         """How many times a worker of this environment was recreated, in total."""
 
 
-class BlockingStep(abc.ABC):
+class _DeclaredBlocking(abc.ABCMeta):
+    """BlockingStep's metaclass: `isinstance(env, BlockingStep)` is also True
+    for an environment that declares `blocking_step = True` (on itself, its
+    class, or, through tf-agents' wrappers' attribute forwarding, the
+    environment it wraps): the documented opt-in of an environment that
+    cannot subclass BlockingStep (docs/environments.md, "Blocking steps")."""
+
+    def __instancecheck__(cls, instance):
+        if super().__instancecheck__(instance):
+            return True
+        return cls is BlockingStep and bool(getattr(instance, "blocking_step", False))
+
+
+class BlockingStep(abc.ABC, metaclass=_DeclaredBlocking):
     """A PyEnvironment whose step blocks on something outside the process.
 
-    Its `close()` must be safe from any thread and end a step in progress:
-    the driver calls it from its stopping thread. A marker: no methods.
+    Subclass it, or declare `blocking_step = True` (see the module
+    docstring). Its `close()` must be safe from any thread and end a step in
+    progress: the driver calls it from its stopping thread. A marker: no
+    methods.
     """
+
+
+class GilFreeStep(abc.ABC):
+    """A PyEnvironment whose step waits with the GIL released (EnvPool's
+    lockstep pool): an env thread steps it in its graph loop without the
+    step token (see the module docstring). A marker: no methods."""
 
 
 class AppliedStep(abc.ABC):
@@ -119,30 +147,10 @@ class RowStepping(abc.ABC):
     """A batched PyEnvironment whose rows can be stepped one by one, each as
     soon as its action comes, by a stepper the environment makes itself.
 
-    The driver's env thread (env_rows.py) steps such an environment row by
-    row instead of as one batch: no row waits for the others' steps. The
-    stepper has the interface of the driver's `env_rows.RowWorkers`:
-
-    - `start()`: resets every row; each reports once its first time step came.
-    - `send(rows, actions)`: each row of `rows` (0..batch_size-1, each
-      once) steps with its action, `actions` being the action nest batched
-      over `rows` (`row_action(actions, j)` is row `rows[j]`'s); returns
-      without waiting for them.
-    - `recv(timeout) -> [(row, None or RowFailed), ...]`: the rows whose
-      reset or step came since (possibly none), recorded first with
-      `on_rows(rows, time_step)` (int [n], a tf-agents TimeStep batched
-      over them; rows that failed are not recorded). It
-      blocks at most `timeout` seconds while nothing it waits for is in
-      flight, and otherwise no longer than the rows in flight take to step
-      (the env thread checks for stop between calls).
-    - `close(wait=True)`: forgets the rows in flight (no more calls follow).
-    - `join(timeout)`: waits for threads of its own, if any.
-
-    Every row is a continuous stream with tf-agents' semantics: after a LAST
-    comes the FIRST of the row's next episode (its action ignored, reward 0,
-    discount 1). The environment's `close()` may be called from another
-    thread once its env thread has left; while it has a stepper it is
-    stepped through that stepper only.
+    The driver's env thread steps such an environment row by row instead of
+    as one batch: no row waits for the others' steps. The environment's
+    `close()` may be called from another thread once its env thread has
+    left; while it has a stepper it is stepped through that stepper only.
 
     Threads: `make_row_stepper` and every stepper method are called by the
     env thread that owns the environment.
@@ -150,12 +158,38 @@ class RowStepping(abc.ABC):
 
     @abc.abstractmethod
     def make_row_stepper(self, on_rows):
-        """A new stepper of this environment's rows (see the class docstring).
+        """A new `alf_async.roles.RowStepper` of this environment's rows.
 
         Args:
-            on_rows: callable(rows, time_step), called by the stepper's
-                `recv` with the rows whose reset or step came and their
-                time step, batched over them.
+            on_rows: callable(rows, time_step), which the stepper's `recv`
+                calls with the rows (int [n]) whose reset or step came and
+                their time step (a tf-agents TimeStep batched over them),
+                before it returns them; rows that failed are not recorded.
+        """
+
+
+class OffersRowStepper(abc.ABC):
+    """An unbatched PyEnvironment, one row of a batch of separate
+    environments, that can step the batch's rows itself with no Python
+    thread per row (ExternalEnv's slots: slot_stepper.py; SubprocessEnvs:
+    subprocess_rows.py).
+
+    Threads: `row_stepper` and every stepper method are called by the env
+    thread that owns the rows.
+    """
+
+    @abc.abstractmethod
+    def row_stepper(self, rows, on_step):
+        """A new `alf_async.roles.RowStepper` of `rows` (this environment
+        among them), or None when it cannot step them all (they are not all
+        of its kind): the driver's row workers step them then.
+
+        Args:
+            rows: the unbatched PyEnvironments of the batch, one per row.
+            on_step: callable(row, time_step, applied), which the stepper
+                calls for each row whose reset or step came, before it
+                reports the row ready; `applied` is an AppliedStep row's
+                `applied_step()` after a step, else None.
         """
 
 
@@ -188,14 +222,13 @@ def reports_applied_step(py_env):
 
 
 def steps_block(py_env):
-    """True when `py_env` is a BlockingStep or declares `blocking_step = True`."""
-    return isinstance(py_env, BlockingStep) or bool(getattr(py_env, "blocking_step", False))
+    """True when `py_env` is a BlockingStep (by class or declaration)."""
+    return isinstance(py_env, BlockingStep)
 
 
 def steps_release_gil(py_env):
-    """True when `py_env` declares `step_releases_gil = True` (see the module
-    docstring)."""
-    return bool(getattr(py_env, "step_releases_gil", False))
+    """True when `py_env` is a GilFreeStep."""
+    return isinstance(py_env, GilFreeStep)
 
 
 def row_action(actions, j):

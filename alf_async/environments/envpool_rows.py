@@ -2,7 +2,7 @@
 asynchronous mode, with no Python thread per row.
 
 An env thread steps the rows of a batch one by one, whichever are ready first
-(the driver's env_rows.py). EnvPool does exactly that itself: in its
+(the driver's rows_loop.py). EnvPool does exactly that itself: in its
 asynchronous mode `send(actions, env_ids)` hands some environments their
 actions and returns at once, its C++ threads step them without the GIL, and
 `recv()` returns the first `recv_batch_size` environments whose steps are
@@ -50,8 +50,8 @@ nothing to come would.
 Threads: every method is called by the owning env thread only; `recv`
 blocks in EnvPool's receive (GIL released) while rows step, or at most
 `timeout` seconds when fewer than k rows are in flight. The driver's stop
-closes the environment from its own thread (EnvPoolEnv declares
-`blocking_step`): `EnvPoolEnv.close()` waits for a receive in progress
+closes the environment from its own thread (EnvPoolEnv is a
+`BlockingStep`): `EnvPoolEnv.close()` waits for a receive in progress
 (freeing a pool under a receive would be unsafe), and the stepper's next
 call to the closed pool raises RuntimeError, on which a stopping env thread
 leaves quietly.
@@ -62,15 +62,16 @@ import time
 import numpy as np
 from tf_agents.trajectories import time_step as ts
 
+from alf_async.roles import RowStepper
+
 
 def default_recv_batch_size(batch_size):
     """k = max(1, batch_size // 2): see the module docstring."""
     return max(1, batch_size // 2)
 
 
-class EnvPoolRows(object):
-    """RowWorkers' interface (the driver's env_rows.py) over one EnvPool pool
-    in asynchronous mode, with no threads."""
+class EnvPoolRows(RowStepper):
+    """A RowStepper over one EnvPool pool in asynchronous mode, with no threads."""
 
     def __init__(self, env, on_rows):
         """
@@ -134,7 +135,3 @@ class EnvPoolRows(object):
         pool when the driver closes the environment."""
         del wait
         self._rows, self._actions = [], []
-
-    def join(self, timeout):
-        """Nothing to wait for (no threads)."""
-        del timeout

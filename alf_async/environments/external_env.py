@@ -146,7 +146,7 @@ from tf_agents.environments import (batched_py_environment, py_environment,
 from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.capabilities import AppliedStep, BlockingStep
+from alf_async.environments.capabilities import AppliedStep, BlockingStep, OffersRowStepper
 from alf_async.environments.episode_api import check_nest
 from alf_async.environments.episodes import (EpisodeTable, ExternalEnvFinished,
                                              ExternalEnvStoppedError, TooManyEpisodesError)
@@ -197,7 +197,7 @@ def open_slots():
     return [slot for slot in list(_ALL_SLOTS) if not slot.closed]
 
 
-class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
+class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep, OffersRowStepper):
     """One concurrent-episode slot: a PyEnvironment fed by clients.
 
     `batched=True`: a batch-1 environment of its own (`slots_per_env=1`);
@@ -265,10 +265,10 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep):
         self._table.slot_close(self)
 
     def row_stepper(self, rows, on_step):
-        """How an env thread steps `rows` (this slot among them) one by one:
-        a SlotStepper (slot_stepper.py, no worker threads) when they are
-        unbatched slots of this slot's ExternalEnv, else None (env_rows.py's
-        RowWorkers then)."""
+        """How an env thread steps `rows` (this slot among them) one by one
+        (`OffersRowStepper`): a SlotStepper (slot_stepper.py, no worker
+        threads) when they are unbatched slots of this slot's ExternalEnv,
+        else None (the driver's row workers then)."""
         if not all(isinstance(r, _SlotEnv) and r._table is self._table and not r._batched
                    for r in rows):
             return None

@@ -1,13 +1,13 @@
 """SlotStepper: ExternalEnv slots stepped as rows with no worker threads.
 
 The rows of a batch of ExternalEnv slots (`env_constructor(slots_per_env=K)`)
-are stepped by their env thread's rows loop (env_thread.py) through the
-interface of env_rows.RowWorkers (start / send / recv / close / join). A
+are stepped by their env thread's rows loop (the driver's rows_loop.py) as
+an `alf_async.roles.RowStepper` (start / send / recv / close / join). A
 slot's step does no work of its own: it hands the policy's action to the
 client waiting in get_action and then waits for that client's next call.
-RowWorkers would give each slot a worker thread that waits in that step,
-i.e. two more thread hand-offs per action; measured in benchmarks/serving.py
-those workers cost ~150 us of CPU per get_action. Instead the env thread
+The driver's row workers would give each slot a worker thread that waits
+in that step, i.e. two more thread hand-offs per action (benchmarks/serving.py
+measures what they cost per get_action). Instead the env thread
 steps the slots in two halves itself (EpisodeTable's polled slots): `send`
 answers the client at once, `recv` waits on the table for whichever slots'
 clients have called since.
@@ -18,10 +18,11 @@ clients' calls and stop() notify); nothing else blocks.
 """
 
 from alf_async.environments.capabilities import RowFailed, row_action
+from alf_async.roles import RowStepper
 
 
-class SlotStepper(object):
-    """RowWorkers' interface over ExternalEnv slots, with no threads."""
+class SlotStepper(RowStepper):
+    """A RowStepper over ExternalEnv slots, with no threads."""
 
     def __init__(self, table, slots, on_step):
         """
@@ -31,7 +32,7 @@ class SlotStepper(object):
             on_step: callable(row, time_step, applied), called in `recv`
                 for each row whose next step came (`applied`: the slot's
                 (logged action or None, trainable) after a step, None after
-                the first reset), as RowWorkers calls it.
+                the first reset), as `OffersRowStepper.row_stepper` says.
         """
         self._table = table
         self._slots = list(slots)
@@ -84,7 +85,3 @@ class SlotStepper(object):
         """Nothing to stop: the slots are closed by the driver's stop."""
         del wait
         self._pending = []
-
-    def join(self, timeout):
-        """Nothing to wait for (no threads)."""
-        del timeout

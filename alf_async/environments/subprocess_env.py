@@ -85,7 +85,7 @@ import cloudpickle
 from tf_agents.environments import py_environment
 
 from alf_async.environments import subprocess_protocol as protocol
-from alf_async.environments.capabilities import BlockingStep, Restartable
+from alf_async.environments.capabilities import BlockingStep, OffersRowStepper, Restartable
 from alf_async.environments.env_index import current_env_index
 from alf_async.environments.recovery import CrashRecovery
 
@@ -118,7 +118,7 @@ class _InFlight(collections.namedtuple("_InFlight", "command seq deadline failur
     """One request sent to the child (or one answered without it, pending=True)."""
 
 
-class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
+class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep, OffersRowStepper):
     """A tf-agents PyEnvironment running ``env_constructor()`` in a child process.
 
     Crash handling (`recovery.CrashRecovery`): when the child dies (crash,
@@ -338,8 +338,9 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):
 
     def row_stepper(self, rows, on_step):
         """How an env thread steps `rows` (this environment among them) one by
-        one: a SubprocessRows (subprocess_rows.py, no worker threads) when every
-        row is a SubprocessEnv, else None (env_rows.py's RowWorkers then)."""
+        one (`OffersRowStepper`): a SubprocessRows (subprocess_rows.py, no
+        worker threads) when every row is a SubprocessEnv, else None (the
+        driver's row workers then)."""
         if not all(isinstance(r, SubprocessEnv) for r in rows):
             return None
         from alf_async.environments.subprocess_rows import SubprocessRows  # pylint: disable=import-outside-toplevel

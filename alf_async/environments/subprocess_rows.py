@@ -31,12 +31,13 @@ import select
 import time
 
 from alf_async.environments.capabilities import RowFailed, row_action
+from alf_async.roles import RowStepper
 
 CHECK_SECS = 0.1  # how often recv looks for hung or closed rows while others answer
 
 
-class SubprocessRows(object):
-    """RowWorkers' interface (env_rows.py) over SubprocessEnvs, with no threads."""
+class SubprocessRows(RowStepper):
+    """A RowStepper over SubprocessEnvs, with no threads."""
 
     def __init__(self, envs, on_step):
         """
@@ -103,10 +104,6 @@ class SubprocessRows(object):
         self._receive = [None] * len(self._envs)
         self._now = []
         self._poll.close()
-
-    def join(self, timeout):
-        """Nothing to wait for (no threads)."""
-        del timeout
 
     # ------------------------------------------------------------ internals
 

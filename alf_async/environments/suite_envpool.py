@@ -284,7 +284,7 @@ def _specs(env_name, atari, pool_spec):
     return observation_spec, action_spec, atari
 
 
-class LockstepEnvPoolEnv(py_environment.PyEnvironment):
+class LockstepEnvPoolEnv(py_environment.PyEnvironment, capabilities.GilFreeStep):
     """One EnvPool pool of `batch_size` environments as a batched PyEnvironment,
     stepped in lockstep by `reset()` / `step(actions)` (an EnvPool pool in
     synchronous mode). See the module docstring for the semantics, and `load`
@@ -293,8 +293,8 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
     Its steps wait, GIL released, on EnvPool's C++ threads for about one step
     of the environment: the driver steps it as it steps in-process games (in
     the env thread's graph loop, on one of TF's inter-op threads), without
-    the step token (`step_releases_gil`, capabilities.py): two env threads'
-    pools step at once.
+    the step token (`capabilities.GilFreeStep`): two env threads' pools
+    step at once.
 
     Threads: one thread at a time steps it (the env thread that owns it, or
     whoever calls `step`); every pool call is made under a lock, so
@@ -304,8 +304,6 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
     C++ threads; a later call raises RuntimeError (the env thread of a
     stopping driver leaves quietly on it).
     """
-
-    step_releases_gil = True
 
     def __init__(self, env_name, batch_size, seed, settings, num_threads, recv_batch_size,
                  observation_spec, action_spec, channels_last, atari,
@@ -479,18 +477,16 @@ class LockstepEnvPoolEnv(py_environment.PyEnvironment):
             self._free_pool()
 
 
-class EnvPoolEnv(LockstepEnvPoolEnv, capabilities.RowStepping):
+class EnvPoolEnv(LockstepEnvPoolEnv, capabilities.RowStepping, capabilities.BlockingStep):
     """A `LockstepEnvPoolEnv` that the driver steps row by row through
     `make_row_stepper` (an asynchronous pool; envpool_rows.py); `reset()` /
     `step(actions)` still step it in lockstep. `load`'s default
     (`stepping='rows'`).
 
-    It declares `blocking_step = True` (capabilities.steps_block): the driver
-    steps it off TF's inter-op pool (row by row, as a RowStepping batch) and
-    closes it at once when it stops. Threads: as LockstepEnvPoolEnv's.
+    It is a `capabilities.BlockingStep`: the driver steps it off TF's
+    inter-op pool (row by row, as a RowStepping batch) and closes it at once
+    when it stops. Threads: as LockstepEnvPoolEnv's.
     """
-
-    blocking_step = True
 
     # ------------------------------------------------------------ row by row
 
