@@ -30,14 +30,10 @@ import time
 
 import tensorflow as tf
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import host_info  # noqa: E402  (benchmarks/)
-from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import (RELAY_PORT, collector_on, relay_on,  # noqa: E402  (tests/)
-                                 remote_learner, stop, stop_all)
+import host_info  # benchmarks/ is this script's directory
+from alf_async.testing.distributed_jobs import (RELAY_PORT, collector_on, relay_on,
+                                                remote_learner, stop, stop_all)
+from alf_async.testing.netns import TestHosts, unavailable
 
 LINE = re.compile(r"\[alf_async\] iteration \d+ \| env steps (\d+) .*\| train steps (\d+) ")
 

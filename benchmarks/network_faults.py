@@ -35,19 +35,14 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import host_info  # noqa: E402  (benchmarks/)
-from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa: E402
-from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
-from alf_async.testing import replay_audit  # noqa: E402
-from alf_async.testing.envs import COUNTING_ROWS  # noqa: E402
-from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from test_across_network import (RELAY_PORT, collector_on, relay_on,  # noqa: E402
-                                 remote_learner, stop, stop_all)
-from test_distributed import PROGRESS  # noqa: E402  (tests/)
+import host_info  # benchmarks/ is this script's directory
+from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE
+from alf_async.distributed.reverb_replayer import REPLAY_TABLE
+from alf_async.testing import replay_audit
+from alf_async.testing.distributed_jobs import (PROGRESS, RELAY_PORT, collector_on, relay_on,
+                                                remote_learner, stop, stop_all)
+from alf_async.testing.envs import COUNTING_ROWS
+from alf_async.testing.netns import TestHosts, unavailable
 
 FAULTS = ("partition", "loss1", "loss5", "flap", "learner_kill")
 LEARNER_PORT = 41300

@@ -13,18 +13,13 @@ first, then the learner). Run it alone on the machine.
 """
 
 import argparse
-import os
 import sys
 import time
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-
-from alf_async.testing.netns import TestHosts, unavailable  # noqa: E402
-from network_faults import rate  # noqa: E402  (benchmarks/)
-from test_across_network import (collector_on, remote_learner, stop, stop_all,  # noqa: E402
-                                 wait_until)
-from test_distributed import PROGRESS  # noqa: E402  (tests/)
+from network_faults import rate  # benchmarks/ is this script's directory
+from alf_async.testing.distributed_jobs import (PROGRESS, collector_on, remote_learner, stop,
+                                                stop_all, wait_until)
+from alf_async.testing.netns import TestHosts, unavailable
 
 
 def main():

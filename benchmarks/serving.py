@@ -295,9 +295,8 @@ def across_a_link(args):
     (alf_async.testing.relay)."""
     # pylint: disable=import-outside-toplevel
     import tempfile
+    from alf_async.testing.distributed_jobs import RELAY_PORT, relay_on
     from alf_async.testing.netns import TestHosts, unavailable
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from test_across_network import RELAY_PORT, relay_on   # tests/
     reason = unavailable()
     if reason:
         sys.exit(f"serving.py: error: --latency_ms: {reason}")

@@ -20,8 +20,9 @@ from alf_async.distributed.collector import STATS_TABLE, VARIABLE_TABLE  # noqa:
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE  # noqa: E402
 from alf_async.testing import netns, replay_audit  # noqa: E402
 from alf_async.testing.envs import COUNTING_ROWS  # noqa: E402
-from test_distributed import (DISTRIBUTED_GIN, ENV, PROGRESS, TINY,  # noqa: E402  (tests/)
-                              Learner)
+from alf_async.testing.distributed_jobs import (ENV, PROGRESS, RELAY_PORT, Learner,  # noqa: E402
+                                             collector_on, relay_on, remote_learner,
+                                             stop, stop_all, wait_until)
 from test_serving_cli import CLIENT, REPO, trainer_args, wait_for_address  # noqa: E402
 
 UNAVAILABLE = netns.unavailable()
@@ -93,16 +94,6 @@ def serving_job(hosts, root_dir, *params):
     threading.Thread(target=lambda: lines.extend(l.rstrip("\n") for l in proc.stdout),
                      daemon=True).start()
     return proc, lines
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def client_run(hosts, *args):
@@ -215,68 +206,6 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
         finally:
             stop(proc)
     assert proc.returncode == 0
-
-
-def collector_on(hosts, name, address, *params, env=None):
-    """alf-async-collect on host `name`, with TINY and `params` bound and
-    `env` added to its environment; its stdout and stderr are pipes (read
-    them once it exited)."""
-    args = [sys.executable, "-m", "alf_async.bin.collect", "--replay_address", address,
-            "--gin_file", DISTRIBUTED_GIN]
-    for p in TINY + list(params):
-        args += ["--gin_param", p]
-    return hosts.popen(name, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, env=dict(ENV, **(env or {})), cwd=REPO)
-
-
-RELAY_PORT = 41999
-
-
-def relay_on(hosts, name, target, *flags):
-    """alf_async.testing.relay on host `name`, listening on its loopback's
-    RELAY_PORT and relaying to `target` with `flags`; returns once it accepts."""
-    relay = hosts.popen(name, [sys.executable, "-m", "alf_async.testing.relay", "--listen",
-                               f"127.0.0.1:{RELAY_PORT}", "--target", target] + list(flags),
-                        stdout=subprocess.PIPE, text=True)
-    assert relay.stdout.readline().startswith("relay listening"), name
-    return relay
-
-
-def wait_until(predicate, secs, what):
-    deadline = time.monotonic() + secs
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {secs} s")
-
-
-def remote_learner(hosts, root_dir, *params):
-    """The learner CLI on host 'learner' for collectors started by hand on
-    other hosts; returns (Learner, the address it announced)."""
-    learner = Learner(root_dir, "train.collector_launcher = 'none'",
-                      f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
-                      *params, host=(hosts, "learner"))
-    try:
-        address = learner.wait_for(
-            lambda l: re.match(r"\[alf_async\] collectors connect to (\S+:\d+) ", l), 90,
-            "address line").group(1)
-    except BaseException:
-        stop(learner.process)
-        raise
-    return learner, address
-
-
-def stop_all(procs):
-    """SIGINT to each of `procs`, then waits up to 30 s each (kills what is left)."""
-    for p in procs:
-        p.send_signal(signal.SIGINT)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
 
 
 # The environments' observations are [row, counter, t] (envs.counting_rows),

@@ -6,7 +6,6 @@ and the launcher's restart budget on their own; Ray collectors restarted
 when their actor is killed; bad settings exit 2; both distributed configs
 parse for both roles."""
 
-import functools
 import os
 import re
 import signal
@@ -29,28 +28,12 @@ from alf_async.distributed import collector, launcher, learner_role  # noqa: E40
 from alf_async.distributed.learner_role import ReplayFeed  # noqa: E402
 from alf_async.driver import DriverStoppedError  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
+from alf_async.testing.distributed_jobs import (DISTRIBUTED_GIN, ENV, GIN,  # noqa: E402
+                                             PROGRESS, Learner)
 from cli_runs import lines_before_progress  # noqa: E402  (tests/ is on sys.path)
 from test_trainer import read_scalars  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-GIN = os.path.join(REPO, "gin_configs")
-DISTRIBUTED_GIN = os.path.join(GIN, "dqn_cartpole_distributed.gin")
-ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-# Tiny and quick: the tests prove the roles and the faults, not learning.
-TINY = [
-    "dqn_agent.fc_layer_params = (16,)",
-    "replay_table.min_size = 100",
-    "replay_table.error_buffer = 400.0",
-    "collect.env_batch_size = 2",
-    "collect.unroll_length = 4",
-    "collect.variable_update_interval = 0.5",
-    "train.num_eval_episodes = 2",
-    "train.eval_interval = 100000",
-    "train.stop_at_eval_return = None",
-    "train.summary_interval = 100",
-    "train.log_interval_secs = 0.5",
-]
-PROGRESS = re.compile(r"\[alf_async\] iteration \d+ \| env steps \d+ .*\| train steps (\d+) ")
 
 
 @pytest.fixture(autouse=True)
@@ -58,64 +41,6 @@ def _clear_gin():
     gin.clear_config()
     yield
     gin.clear_config()
-
-
-class Learner(object):
-    """The learner CLI as a process whose stdout is read line by line by a thread."""
-
-    def __init__(self, root_dir, *params, host=None):
-        """`host`: (TestHosts, name) to run it on a namespaced host."""
-        args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
-                "--gin_file", DISTRIBUTED_GIN]
-        for p in TINY + list(params):
-            args += ["--gin_param", p]
-        popen = subprocess.Popen if host is None else functools.partial(host[0].popen, host[1])
-        self.process = popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=ENV, cwd=REPO, start_new_session=True)
-        self.lines = []
-        self.err = []
-        self._threads = [threading.Thread(target=self._read, args=(s, l), daemon=True)
-                         for s, l in ((self.process.stdout, self.lines),
-                                      (self.process.stderr, self.err))]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream, lines):
-        for line in stream:
-            lines.append(line.rstrip("\n"))
-
-    def wait_for(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                match = predicate(line)
-                if match:
-                    return match
-            assert self.process.poll() is None, (what, self.lines, self.err[-30:])
-            time.sleep(0.1)
-        raise AssertionError(f"no {what} within {timeout} s: {self.lines[-10:]}")
-
-    def train_step(self):
-        steps = [int(m.group(1)) for m in map(PROGRESS.match, list(self.lines)) if m]
-        return steps[-1] if steps else -1
-
-    def collector_pids(self):
-        try:
-            children = psutil.Process(self.process.pid).children()
-        except psutil.NoSuchProcess:
-            return []
-        return sorted(c.pid for c in children if "alf_async.bin.collect" in " ".join(
-            _cmdline(c)))
-
-    def finish(self, timeout):
-        self.process.wait(timeout)
-        for t in self._threads:
-            t.join(5)
-
-    def kill(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
 
 
 def connected(root_dir):
@@ -135,13 +60,6 @@ def wait_until(predicate, timeout, what):
     while not predicate():
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.1)
-
-
-def _cmdline(process):
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 def _gone(pid):

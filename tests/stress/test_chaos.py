@@ -1,5 +1,5 @@
 """Chaos at reduced counts (ALF_ASYNC_STRESS_SCALE multiplies them;
-`python benchmarks/chaos.py` or benchmarks/reliability.py runs the full
+`python tests/stress/chaos.py` or tests/stress/reliability.py runs the full
 counts): children of SubprocessEnvs kill -9'ed during a DQN training run, and
 the training CLI kill -9'ed at random moments and resumed."""
 
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from chaos import FIRST, LAST, MID, check_row, checkpoint_trial, kill_trial
+from .chaos import FIRST, LAST, MID, check_row, checkpoint_trial, kill_trial
 
 SCALE = float(os.environ.get("ALF_ASYNC_STRESS_SCALE", "1"))
 

@@ -1,5 +1,5 @@
 """Driver lifecycles stopped at random moments and random faults, in reduced
-counts (ALF_ASYNC_STRESS_SCALE multiplies them; benchmarks/reliability.py
+counts (ALF_ASYNC_STRESS_SCALE multiplies them; tests/stress/reliability.py
 runs the full counts and prints the figures)."""
 
 import os
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from driver_trials import fault_trial, lifecycle_trial
+from .driver_trials import fault_trial, lifecycle_trial
 
 SCALE = float(os.environ.get("ALF_ASYNC_STRESS_SCALE", "1"))
 pytestmark = [pytest.mark.stress, pytest.mark.timeout(240)]

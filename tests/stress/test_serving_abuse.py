@@ -1,5 +1,5 @@
 """Serving under abuse, in reduced counts (ALF_ASYNC_STRESS_SCALE multiplies
-them; benchmarks/reliability.py runs the full counts and prints the figures):
+them; tests/stress/reliability.py runs the full counts and prints the figures):
 hypothesis-generated bad requests interleaved with good clients, and clients
 that vanish mid-episode."""
 
@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-import serving_abuse
-from serving_abuse import (MAX_BODY, RawRequest, ServedPolicy, fuzz_failures, fuzz_trial,
-                           http_bytes, is_4xx, send_raw, vanishing_clients_trial,
-                           vanishing_failures)
+from . import serving_abuse
+from .serving_abuse import (MAX_BODY, RawRequest, ServedPolicy, fuzz_failures, fuzz_trial,
+                            http_bytes, is_4xx, send_raw, vanishing_clients_trial,
+                            vanishing_failures)
 
 SCALE = float(os.environ.get("ALF_ASYNC_STRESS_SCALE", "1"))
 pytestmark = [pytest.mark.stress]

@@ -1,5 +1,5 @@
-"""Driver lifecycle and fault trials shared by tests/stress (reduced counts)
-and benchmarks/reliability.py (full counts).
+"""Driver lifecycle and fault trials: tests/stress/test_driver_stress.py runs
+them in reduced counts, reliability.py at full counts.
 
 Each trial builds a driver on CountingEnvs, drives it into one state, stops
 it, and reports what a user would check: how long stop() took, which driver
