@@ -8,16 +8,16 @@ back to the action-return queue of the env thread it came from. No
 environment waits for a straggler: a batch is whatever is ready.
 
 A request is the B rows of one env thread (see queues.py: one queue element
-per request is ~7x cheaper than one per row). Env threads that step their
-rows one by one (EnvThread._rows_loop) ask only for the rows that are ready
+per request, not one per row). Env threads that step their rows one by one
+(rows_loop.py) ask only for the rows that are ready
 and mark the others with env_id -1; an actor serving such a thread
 (`partial_requests`) acts only for the marked-ready rows, so the batch is
 exactly the rows that asked, from 1 to the cap's rows.
 
 There is no timed wait for more requests: a TF queue has no timed dequeue
 (the `timeout_ms` attribute is "not supported yet"), and sleeping inside the
-graph (a tf.data sleep) cost ~150 us of CPU per poll on the project's
-2-core machine, more than the forward pass it would save. Requests
+graph (a tf.data sleep) costs CPU on every poll, more than the forward pass
+it would save (benchmarks/results/HISTORY.md). Requests
 accumulate by themselves while the actor runs a forward pass.
 
 Rows keep their env id (the global row id, env thread index * B + b), so

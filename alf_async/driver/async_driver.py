@@ -46,11 +46,13 @@ from alf_async.driver.stepping import ROWS, stepping_of, warn_if_few_inter_op_th
 
 logger = logging.getLogger(__name__)
 
-# Every EagerTensor leaks ~48 bytes on TF 2.15 + Python 3.11; the driver's
-# threads and the learner make them for as long as a run lasts.
+# Every EagerTensor leaks a few bytes on TF 2.15 + Python 3.11 (see
+# eager_tensor_fix); the driver's threads and the learner make them for as
+# long as a run lasts.
 eager_tensor_fix.install()
-# tf.is_tensor of a numpy array costs ~7 us on Python 3.11 (a typing.Protocol
-# check); tf-agents calls it on every Python environment step.
+# tf.is_tensor of a numpy array runs a typing.Protocol check on Python 3.11
+# (see protocol_check_fix); tf-agents calls it on every Python environment
+# step.
 protocol_check_fix.install()
 
 

@@ -209,7 +209,7 @@ def takes_batch_size(env_constructor):
 def _time_steps(env, seconds, clock):
     """(wall, process CPU, this thread's CPU) seconds per step of all of
     `env`'s rows, random actions drawn before the clock starts (tf-agents'
-    `sample_spec_nest` costs ~0.5 ms a call, more than a CartPole step)."""
+    `sample_spec_nest` costs more per call than a CartPole step)."""
     py_env = capabilities.python_env(env)
     if py_env is not None:
         rng = np.random.RandomState(0)   # tf-agents samples specs with RandomState

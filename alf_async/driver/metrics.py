@@ -13,9 +13,9 @@ lock. Their definitions are tf-agents' own (tests compare them with
 - AverageReturn / AverageEpisodeLength: mean over the last `buffer_size`
   finished episodes.
 
-The state is numpy, not tf.Variables: updating variables cost the LogThread
-several eager TF ops per unroll, which measured ~40% of the driver's
-throughput (benchmarks/throughput.py). It is still checkpointed: each
+The state is numpy, not tf.Variables: updating variables would cost the
+LogThread several eager TF ops per unroll, a share of the driver's
+throughput (benchmarks/throughput.py measures it). It is still checkpointed: each
 metric tracks a `tf.train.experimental.PythonState` that a
 `tf.train.Checkpoint` (or tf-agents' `Checkpointer`) serializes on save and
 restores on load. Episodes in flight are not saved (they do not survive a
@@ -176,8 +176,8 @@ class _EpisodeAverageMetric(AsyncStepMetric):
     def _reset(self):
         self._acc = np.zeros([0], np.float64)
         # A deque, not a list: tf.Module tracks list attributes, and the
-        # tracking wrapper's append/del cost the LogThread ~1 ms per unroll
-        # of 64 CartPoles (py-spy), time it held the GIL from the env threads.
+        # tracking wrapper's append/del would cost the LogThread time per
+        # unroll that it holds the GIL from the env threads.
         self._finished = collections.deque(maxlen=self._buffer_size)
 
     def _get_state(self):

@@ -18,7 +18,7 @@ class NestFIFOQueue(object):
 
     Built from a nest of `tf.TensorSpec`s; each element is one such nest.
     Any thread may call any method; ops are eager (a tf.function call costs
-    ~10x an eager queue op on this project's machines, see benchmarks/).
+    more than an eager queue op: benchmarks/driver_cost.py).
     """
 
     def __init__(self, capacity, element_spec, name):
@@ -134,13 +134,11 @@ class TFQueues(object):
       each unroll it begins, and the learner's `dequeue_all` gives back
       `learn_queue_cap`, one per unroll it took (see `check_pacing`).
 
-    A request of B rows is one queue element, not B: a round trip of one
-    element through a graph actor took ~40 us of wall time and 0.1 context
-    switches, against ~300 us and 3 context switches for 64 one-row elements
-    (a graph loop echoing 6 fields of 64 rows through a graph actor; the
-    driver's CPU and cs per step are in benchmarks/throughput.py). An
-    actor still batches whatever is waiting: every request in its queue, up
-    to `actor_queue_cap` of them (dynamic batching, see actor_thread.py).
+    A request of B rows is one queue element, not B: each element costs a
+    round trip and context switches of its own (the driver's CPU and
+    context switches per step are in benchmarks/throughput.py). An actor
+    still batches whatever is waiting: every request in its queue, up to
+    `actor_queue_cap` of them (dynamic batching, see actor_thread.py).
     """
 
     def __init__(self, num_envs, env_batch_size, learn_queue_cap, actor_queue_cap,
