@@ -73,6 +73,7 @@ from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedErr
 from alf_async.driver.layout_model import Layout, Profile, candidates, measuring_order
 from alf_async.driver.stepping import stepping_of
 from alf_async.environments import capabilities
+from alf_async.environments.suite_envpool import LockstepEnvPoolEnv
 
 LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
 LayoutChoice.__doc__ = """The fastest layout measured.
@@ -182,7 +183,7 @@ def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.m
     try:
         py_env = capabilities.python_env(env)
         rows_stepped = stepping_of(env).rows_one_by_one
-        receives = getattr(py_env, "recv_batch_size", None) is not None
+        receives = isinstance(py_env, LockstepEnvPoolEnv)   # its rows come in receives
         rows = env.batch_size or 1
         step_secs, step_cpu_secs, step_gil_secs = (
             secs / rows for secs in _time_steps(env, seconds, clock))
