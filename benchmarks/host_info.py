@@ -42,7 +42,7 @@ def choose_kernels(args, gin_files, gin_bindings=()):
         os.environ[kernels.HOST_KIND_VAR] = args.host_kind
     try:
         choice = kernels.choose_for_gin(gin_files, bindings)
-    except kernels.ConfigError as e:
+    except kernels.KernelConfigError as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     kernels.apply(choice)
