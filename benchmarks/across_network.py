@@ -1,5 +1,5 @@
 """Throughput across a link: the learner of dqn_cartpole_distributed.gin
-(tests/test_distributed.py's tiny settings) and K collectors, each on a
+(alf_async.testing.distributed_jobs' TINY settings) and K collectors, each on a
 host of its own (network namespaces, alf_async.testing.netns; root and `ip
 netns` needed), every collector's link given a one-way latency by a relay
 on its host (alf_async.testing.relay: the collector connects to the relay

@@ -1,5 +1,5 @@
 """A partition across a network: the learner of dqn_cartpole_distributed.gin
-(tests/test_distributed.py's tiny settings) and two collectors, each on a
+(alf_async.testing.distributed_jobs' TINY settings) and two collectors, each on a
 host of its own (network namespaces, alf_async.testing.netns; root and `ip
 netns` needed), with collector0's link cut at the switch for --cut_secs
 while the learner trains.
