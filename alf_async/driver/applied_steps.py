@@ -11,11 +11,11 @@ docstring for the contract), shared by both of its Python loops:
   last shipped transition needs the next one's observation. The log queue
   gets the unrolls as they happened.
 
-`EnvThread._python_loop` (a batch stepped in lockstep) uses `AppliedSteps`:
+`python_loop.py` (a batch stepped in lockstep) uses `AppliedSteps`:
 after each step it reads the environment's `applied_step()`, puts the
 applied action into the policy step, keeps the step's `trainable` flags and
 makes each complete unroll of the B rows inert where needed.
-`EnvThread._rows_loop` (rows stepped one by one, env_rows.py) reads each
+`rows_loop.py` (rows stepped one by one, env_rows.py) reads each
 row's `applied_step()` on the row's worker, records the applied action and
 flag in that row's unroll (`env_rows.RowRecorder`), and hands the unrolls it
 ships, with their flags and rows, to an `InertBoundaries`.
@@ -39,11 +39,6 @@ from tf_agents.trajectories.time_step import StepType
 from alf_async.environments import capabilities
 
 _DRAIN_POLL_SECS = 0.01
-
-
-def reports(tf_env):
-    """True when `tf_env`'s Python environment reports its applied steps."""
-    return capabilities.reports_applied_step(capabilities.python_env(tf_env))
 
 
 def put_action(leaves, index, action):
@@ -131,7 +126,7 @@ class InertBoundaries(object):
 
 class AppliedSteps(object):
     """Applied actions and trainable flags of an environment stepped as one batch
-    (`EnvThread._python_loop`)."""
+    (python_loop.py)."""
 
     def __init__(self, py_env, trajectory_spec, action_spec, batch_size):
         """
