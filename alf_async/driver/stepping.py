@@ -84,12 +84,6 @@ class Stepping(object):
         return self.kind == GRAPH
 
     @property
-    def python_in_graph(self):
-        """A Python step inside the graph loop (a numpy_function, which holds
-        one of TF's inter-op threads while it runs)."""
-        return self.kind == GRAPH and self.py_env is not None
-
-    @property
     def rows_one_by_one(self):
         """The rows step on their own, whichever are ready (ROWS), or the
         step waits on the outside: what `choose_layout`'s cost model calls
