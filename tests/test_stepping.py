@@ -90,3 +90,14 @@ def test_a_stepping_is_not_changed_after_it_is_decided():
     except AttributeError:
         pass
     assert decided.kind == stepping.GRAPH
+
+
+def test_every_row_stepper_takes_the_row_stepper_role():
+    from alf_async.driver.env_rows import RowWorkers
+    from alf_async.environments.envpool_rows import EnvPoolRows
+    from alf_async.environments.slot_stepper import SlotStepper
+    from alf_async.environments.subprocess_rows import SubprocessRows
+    from alf_async.roles import RowStepper
+    for stepper in (RowWorkers, SlotStepper, SubprocessRows, EnvPoolRows):
+        assert issubclass(stepper, RowStepper), stepper
+    assert issubclass(SubprocessEnv, capabilities.OffersRowStepper)
