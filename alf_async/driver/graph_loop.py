@@ -3,10 +3,11 @@
 For `stepping.GRAPH` environments: a tf.while_loop that ends only when a
 queue is closed, each iteration one unroll (a permit when paced, T steps,
 shipped by `Unrolls.ship_in_graph`). The queue traffic and the unroll never
-touch Python; the GIL is taken only to step a Python environment. The T
-steps are written out in the graph (a Python loop at trace time), not run
-by an inner tf.while_loop with TensorArrays; benchmarks/throughput.py
-measures both this loop and the Python loops' alternative.
+touch Python; the GIL is taken only to step a Python environment
+(benchmarks/throughput.py measures the loop; benchmarks/results/HISTORY.md
+has what it was compared with). The T steps are written out in the graph
+(a Python loop at trace time), not run by an inner tf.while_loop with
+TensorArrays.
 
 A Python environment is stepped through our own `tf.numpy_function`, which
 records the environment's exception (`env_error`) before TF turns it into a
