@@ -26,7 +26,7 @@ run's networks (`NETWORKS`, read from its gin files by `gin_settings`):
 `apply` writes the choice into this process's environment (children
 inherit it), with its line, which `train()` prints once its run is
 built (`start_line`; alf-async-collect prints its own). The
-choice can be turned off (`train.kernel_choice = 'off'`): TensorFlow's
+choice can be turned off (`Runtime.kernel_choice = 'off'`): TensorFlow's
 defaults then stand and 'auto' torsos compute in float32.
 `alf-async-train`, `alf-async-collect` and the benchmarks choose before
 they import TensorFlow (`choose_for_gin`); a Python program does the same
@@ -42,10 +42,13 @@ one above (the instructions are not there).
 Imports no TensorFlow (gin's parser only, for `choose_for_gin`).
 """
 
+import ast
 import collections
 import os
 import sys
 import tokenize
+
+from alf_async.errors import ConfigError
 
 ONEDNN_VAR = "TF_ENABLE_ONEDNN_OPTS"
 ISA_VAR = "ONEDNN_MAX_CPU_ISA"
@@ -66,11 +69,10 @@ KERNEL_CHOICES = ("auto", "off")
 # least WIDE_UNITS units) networks gain from it, 'narrow' ones lose.
 NETWORKS = ("convolutional", "wide", "narrow")
 WIDE_UNITS = 256
-# The widest dense layer of each of alf_async's agent builders, where a gin
-# file binds no layer sizes (their defaults; tests/test_kernels.py checks
-# these against the builders' signatures).
-BUILDER_WIDEST_DEFAULT = {"dqn_agent": 64, "sac_agent": 256, "ppo_agent": 64,
-                          "impala_agent": 64}
+# The agent builders' source: their default layer sizes are read from it
+# (`builder_widest_default`) without importing TensorFlow.
+AGENTS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "learning",
+                             "agents.py")
 
 # Host kinds, lowest first: the flags each one lacks (dropped when it is
 # emulated) and oneDNN's instruction-set cap for it.
@@ -83,11 +85,6 @@ _LACKS = {
 }
 _ISA_CAP = {"avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_bf16": "AVX512_CORE_BF16",
             "amx": None}
-
-
-class KernelConfigError(ValueError):
-    """A kernel setting that cannot apply (an unknown host kind or choice, a
-    kind this CPU cannot emulate): one line."""
 
 
 def real_flags(cpuinfo="/proc/cpuinfo"):
@@ -115,13 +112,13 @@ def host_kind(flags):
 
 
 def emulated_flags(flags, kind):
-    """`flags` without those host kind `kind` lacks. Raises KernelConfigError
+    """`flags` without those host kind `kind` lacks. Raises ConfigError
     for an unknown kind or one above the CPU's own."""
     if kind not in HOST_KINDS:
-        raise KernelConfigError(f"host kind {kind!r}: expected one of {HOST_KINDS}")
+        raise ConfigError(f"host kind {kind!r}: expected one of {HOST_KINDS}")
     own = host_kind(flags)
     if HOST_KINDS.index(kind) > HOST_KINDS.index(own):
-        raise KernelConfigError(f"host kind {kind!r} cannot be emulated on this CPU, which is "
+        raise ConfigError(f"host kind {kind!r} cannot be emulated on this CPU, which is "
                                 f"{own!r}: a host emulates its own kind or one below it "
                                 f"({', '.join(HOST_KINDS[:HOST_KINDS.index(own) + 1])})")
     return frozenset(f for f in flags if not f.startswith(_LACKS[kind]))
@@ -177,11 +174,11 @@ def choose(flags, environ, networks, choice="auto"):
         A `KernelChoice`.
 
     Raises:
-        KernelConfigError: an unknown choice or host kind, or a kind this CPU
+        ConfigError: an unknown choice or host kind, or a kind this CPU
             cannot emulate.
     """
     if choice not in KERNEL_CHOICES:
-        raise KernelConfigError(f"train.kernel_choice must be one of {KERNEL_CHOICES}, "
+        raise ConfigError(f"Runtime.kernel_choice must be one of {KERNEL_CHOICES}, "
                                 f"got {choice!r}")
     if networks not in NETWORKS:
         raise ValueError(f"networks must be one of {NETWORKS}, got {networks!r}")
@@ -306,10 +303,10 @@ def gin_settings(gin_files, gin_params=()):
     networks (`NETWORKS`): 'convolutional' if a `conv_layer_params` is bound
     to something other than None (`ppo_agent`, `impala_agent`,
     `dqn_agent`); else 'wide' if the widest dense layer (the
-    `*fc_layer_params` bound, or where none is, the `train.agent_fn`
-    builder's default, `BUILDER_WIDEST_DEFAULT`) has `WIDE_UNITS` units or
+    `*fc_layer_params` bound, or where none is, the `Task.agent_fn`
+    builder's default, `builder_widest_default`) has `WIDE_UNITS` units or
     more; else 'narrow' (an agent builder of the user's own with no layer
-    sizes bound counts as narrow). choice: the last `train.kernel_choice`
+    sizes bound counts as narrow). choice: the last `Runtime.kernel_choice`
     bound ('auto' if none). Errors of the files themselves are left to the
     full parse that follows.
     """
@@ -338,17 +335,46 @@ def gin_settings(gin_files, gin_params=()):
             read(f.read(), os.path.dirname(os.path.abspath(path)))
     for param in gin_params:
         read(param, os.getcwd())
-    choice = bound.get(("train", "kernel_choice"), "auto")
+    choice = bound.get(("Runtime", "kernel_choice"), "auto")
     if any(arg == "conv_layer_params" and value is not None
            for (_, arg), value in bound.items()):
         return "convolutional", choice
     widths = [n for (_, arg), value in bound.items() if arg.endswith("fc_layer_params")
               and isinstance(value, (tuple, list)) for n in value if isinstance(n, int)]
     if not widths:
-        agent_fn = bound.get(("train", "agent_fn"))
+        agent_fn = bound.get(("Task", "agent_fn"))
         builder = agent_fn[1].split(".")[-1] if isinstance(agent_fn, tuple) else None
-        widths = [BUILDER_WIDEST_DEFAULT.get(builder, 0)]
+        widths = [builder_widest_default().get(builder, 0)]
     return ("wide" if max(widths) >= WIDE_UNITS else "narrow"), choice
+
+
+def builder_widest_default(source_path=AGENTS_SOURCE):
+    """{builder name: the widest dense layer among its `*fc_layer_params`
+    defaults} of the agent builders in alf_async/learning/agents.py, read
+    from its source with `ast` (the builders import TensorFlow)."""
+    with open(source_path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    widest = {}
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        args = node.args.args + node.args.kwonlyargs
+        defaults = ([None] * (len(node.args.args) - len(node.args.defaults)) +
+                    node.args.defaults + node.args.kw_defaults)
+        widths = [n for arg, default in zip(args, defaults)
+                  if arg.arg.endswith("fc_layer_params") and default is not None
+                  for n in _literal_ints(default)]
+        if widths:
+            widest[node.name] = max(widths)
+    return widest
+
+
+def _literal_ints(node):
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return []
+    return [n for n in value if isinstance(n, int)] if isinstance(value, (tuple, list)) else []
 
 
 def _find_include(filename, directories):

@@ -15,7 +15,7 @@ What `train()` does with each kind of setting when it resumes:
   config's values (`apply_config`), and each one that changed is printed.
   The saved operative config therefore always states what runs.
 - Settings that shape the checkpoint (`CHECKPOINT_SHAPING_BINDINGS`: network sizes, the
-  environment, `num_envs * env_batch_size` replay rows, replay capacity)
+  environment, `Layout.env_threads x Layout.rows_per_env_thread` replay rows, replay capacity)
   cannot change: the restore fails and `incompatible_message` says which
   bindings differ from the run's last operative config; a new `--root_dir`
   starts fresh.
@@ -38,8 +38,8 @@ from alf_async.learning.learner import Hook
 
 # Bindings whose values shape the checkpoint's variables.
 CHECKPOINT_SHAPING_BINDINGS = (
-    "train.suite", "train.env_name", "train.agent_fn", "train.replayer_fn", "train.num_envs",
-    "train.env_batch_size", "UniformReplayer.capacity_per_row",
+    "Task.suite", "Task.env_name", "Task.agent_fn", "Task.replayer_fn", "Layout.env_threads",
+    "Layout.rows_per_env_thread", "UniformReplayer.capacity_per_row",
     "PixelReplayer.capacity_per_row", "dqn_agent.agent_class", "dqn_agent.fc_layer_params",
     "dqn_agent.conv_layer_params", "sac_agent.actor_fc_layer_params",
     "sac_agent.critic_joint_fc_layer_params")
@@ -73,13 +73,13 @@ def finished(root_dir, num_iterations, num_env_steps, stop_at_eval_return):
     solved_step = int(value("solved/step", -1))
     solved_return = float(value("solved/average_return", float("-inf")))
     if num_iterations is not None and iterations >= num_iterations:
-        reason = f"train.num_iterations = {num_iterations} reached"
+        reason = f"Schedule.num_iterations = {num_iterations} reached"
     elif num_env_steps is not None and env_steps >= num_env_steps:
-        reason = f"train.num_env_steps = {num_env_steps} reached"
+        reason = f"Schedule.num_env_steps = {num_env_steps} reached"
     elif (stop_at_eval_return is not None and solved_step >= 0 and
           solved_return >= stop_at_eval_return):
         reason = (f"solved at train step {solved_step} (evaluation AverageReturn "
-                  f"{solved_return:.1f} >= train.stop_at_eval_return = {stop_at_eval_return:g})")
+                  f"{solved_return:.1f} >= Evaluation.stop_at_return = {stop_at_eval_return:g})")
     else:
         return None
     return Finished(reason, global_step, env_steps, iterations)
@@ -140,7 +140,7 @@ class OperativeConfigHook(Hook):
 
     Args:
         root_dir: the run directory.
-        layout: the layout `train.layout = 'auto'` chose (as
+        layout: the layout `Layout.choice = 'auto'` chose (as
             `layout.format_layout` names it), written in the config in place of
             'auto' so that the config states what ran and a resumed run
             reuses it (`saved_layout`); None: the config as gin has it.
@@ -162,9 +162,9 @@ class OperativeConfigHook(Hook):
     def _write(self, learner):
         text = gin.operative_config_str()
         if self._layout is not None:
-            binding = (f"# chosen by train.layout 'auto', measuring when the run started:\n"
-                       f"train.layout = {self._layout!r}")
-            text, found = re.subn(r"^train\.layout = ['\"]auto['\"]$", binding, text,
+            binding = (f"# chosen by Layout.choice 'auto', measuring when the run started:\n"
+                       f"Layout.choice = {self._layout!r}")
+            text, found = re.subn(r"^Layout\.choice = ['\"]auto['\"]$", binding, text,
                                   flags=re.MULTILINE)
             if not found:   # 'auto' passed to train() in Python, not bound in gin
                 text = text.rstrip("\n") + "\n\n" + binding + "\n"
@@ -176,11 +176,11 @@ class OperativeConfigHook(Hook):
 
 
 def saved_layout(root_dir):
-    """The layout `train.layout` names in `root_dir`'s latest operative
-    config when it names one (what `train.layout = 'auto'` chose when the
+    """The layout `Layout.choice` names in `root_dir`'s latest operative
+    config when it names one (what `Layout.choice = 'auto'` chose when the
     run started), else None."""
     text = _latest_operative_config(root_dir)
-    value = None if text is None else _bindings(text).get("train.layout")
+    value = None if text is None else _bindings(text).get("Layout.choice")
     if value is None:
         return None
     try:

@@ -1,11 +1,11 @@
-"""What `train.async_eval` changes: the same gin file's run for the same wall
+"""What `Evaluation.in_background` changes: the same gin file's run for the same wall
 time with evaluations on the learner's thread (off) and on their own (on).
 
     python benchmarks/async_eval.py --gin_file gin_configs/ppo_hopper.gin \
-        --seconds 180 --rounds 2 --gin_param "train.eval_interval = 3200"
+        --seconds 180 --rounds 2 --gin_param "Evaluation.interval = 3200"
     python benchmarks/async_eval.py --gin_file gin_configs/dqn_cartpole.gin \
         --seconds 60 --rounds 2 --slow_cartpole_ms 1 \
-        --gin_param "train.env_name = 'SlowCartPole-v0'"
+        --gin_param "Task.env_name = 'SlowCartPole-v0'"
 
 `--slow_cartpole_ms` registers gym's `SlowCartPole-v0`: CartPole-v0 whose
 every step first sleeps that long (`alf_async.testing.envs.slow_cartpole`),
@@ -50,6 +50,7 @@ def run_one(gin_file, gin_params, async_eval, seconds, seed, slow_cartpole_ms=No
                      kwargs={"step_secs": slow_cartpole_ms / 1000.0})
 
     from alf_async import trainer
+    from alf_async import settings
 
     gin.parse_config_files_and_bindings([gin_file], gin_params)
     eval_secs = time_evaluations()
@@ -59,9 +60,10 @@ def run_one(gin_file, gin_params, async_eval, seconds, seed, slow_cartpole_ms=No
     start = time.monotonic()
     timer.start()
     try:
-        result = trainer.train(tempfile.mkdtemp(prefix="alf_async_async_eval_"), seed=seed,
-                               stop_event=stop, async_eval=async_eval,
-                               stop_at_eval_return=None, print_fn=lambda line: None)
+        result = trainer.train(tempfile.mkdtemp(prefix="alf_async_async_eval_"),
+                               evaluation=settings.Evaluation(in_background=async_eval, stop_at_return=None),
+                               runtime=settings.Runtime(seed=seed), stop_event=stop,
+                               print_fn=lambda line: None)
     finally:
         timer.cancel()
     wall = time.monotonic() - start

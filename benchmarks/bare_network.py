@@ -184,7 +184,7 @@ def main():
     import unroll_sync
     from alf_async.environments import suites
     q = gin.query_parameter
-    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=0)
+    env = suites.load(q("Task.suite"), q("Task.env_name"), batch_size=1, seed=0)
     agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
                                        tf.Variable(0, dtype=tf.int64))
     env.close()

@@ -3,10 +3,10 @@
     python benchmarks/distributed.py [--collectors 1 2] [--seeds 0 1 2 3 4] [--minutes 5]
     python benchmarks/distributed.py --kills 20 [--kill_interval 5] [--collectors 2]
     python benchmarks/distributed.py --collectors 2 --seeds 0 --minutes 5 --single_gin '' \
-        --past_solved --gin_param 'train.stop_at_eval_return = None'   (samples per insert, 5 min)
+        --past_solved --gin_param 'Evaluation.stop_at_return = None'   (samples per insert, 5 min)
 
 Scaling mode (default). For each K in --collectors and each seed, one
-`alf-async-train` run with `train.num_collectors = K` (the collectors are
+`alf-async-train` run with `Collectors.count = K` (the collectors are
 child processes on this machine, talking to the learner's Reverb server
 over loopback), stopped when an evaluation reaches 195 (solved) or after
 --minutes. Every --sample_secs the script reads the server's table info
@@ -16,7 +16,7 @@ insert/sample counts) and reports per run:
 - insert rate per collector: items inserted per second / K (items are
   windows; one per env step once a stream has its first window);
 - the learner's sample rate: samples/s and train steps/s (samples /
-  train.sample_batch_size);
+  Schedule.sample_batch_size);
 - samples per insert: observed (samples / inserts over the run, from the
   first sample on) against the configured `replay_table.samples_per_insert`,
   and the largest deviation of the limiter's `inserts x spi - samples` from
@@ -169,7 +169,7 @@ def table_reading(client):
 def distributed_run(k, seed, minutes, sample_secs, root, batch_size, extra, past_solved=False):
     import reverb  # pylint: disable=import-outside-toplevel
     root_dir = os.path.join(root, f"k{k}_seed{seed}")
-    run = Run(root_dir, DISTRIBUTED_GIN, [f"train.num_collectors = {k}", f"train.seed = {seed}"]
+    run = Run(root_dir, DISTRIBUTED_GIN, [f"Collectors.count = {k}", f"Runtime.seed = {seed}"]
               + extra)
     readings = []
     try:
@@ -216,7 +216,7 @@ def summarize(k, seed, run, readings, batch_size):
 
 
 def single_run(seed, minutes, root, gin_file):
-    run = Run(os.path.join(root, f"single_seed{seed}"), gin_file, [f"train.seed = {seed}"])
+    run = Run(os.path.join(root, f"single_seed{seed}"), gin_file, [f"Runtime.seed = {seed}"])
     deadline = run.start + 60 * minutes
     while run.alive() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -231,8 +231,8 @@ def kill_run(k, kills, interval, root, extra):
     """The kill mode (module docstring)."""
     root_dir = os.path.join(root, f"kills_k{k}")
     run = Run(root_dir, DISTRIBUTED_GIN, [
-        f"train.num_collectors = {k}", "train.stop_at_eval_return = None",
-        "train.log_interval_secs = 0.5",  # train steps seen between kills
+        f"Collectors.count = {k}", "Evaluation.stop_at_return = None",
+        "Outputs.log_interval_secs = 0.5",  # train steps seen between kills
         f"launch_collectors.max_restarts = {kills + 1}"] + extra)
     seen, results, stalls = set(), [], 0
     try:
@@ -329,12 +329,12 @@ def main():
                         help="kill mode: SIGKILL this many collectors during one run")
     parser.add_argument("--kill_interval", type=float, default=5.0)
     parser.add_argument("--sample_batch_size", type=int, default=64,
-                        help="the distributed gin's train.sample_batch_size (for train steps/s)")
+                        help="the distributed gin's Schedule.sample_batch_size (for train steps/s)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="extra bindings for the distributed runs")
     parser.add_argument("--past_solved", action="store_true",
                         help="keep each distributed run (and the readings) going until --minutes "
-                             "even once solved (with --gin_param 'train.stop_at_eval_return = "
+                             "even once solved (with --gin_param 'Evaluation.stop_at_return = "
                              "None': the samples-per-insert check over a long run)")
     parser.add_argument("--root", default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the summary here")

@@ -31,7 +31,7 @@ def one_run(args):
     """One capped trainer.train() run in this process (time_to_solve's);
     prints its JSON line."""
     eval_secs = time_evaluations()
-    _parse_gin(args.gin_file, args.gin_param + [f"train.eval_interval = {args.interval}"])
+    _parse_gin(args.gin_file, args.gin_param + [f"Evaluation.interval = {args.interval}"])
     result = run_async(args.seed, args.cap, args.root_dir)
     print(json.dumps({"secs": result.solved_secs, "train_steps": int(result.global_step),
                       "points": len(result.evaluations), "eval_secs": sum(eval_secs)}),
@@ -70,7 +70,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     parser.add_argument("--intervals", type=int, nargs="+", default=[64, 24],
-                        help="train.eval_interval values to compare, the first the reference")
+                        help="Evaluation.interval values to compare, the first the reference")
     parser.add_argument("--cap", type=float, default=120.0, help="seconds per run")
     parser.add_argument("--gin_file", default=DEFAULT_GIN)
     parser.add_argument("--gin_param", action="append", default=[])

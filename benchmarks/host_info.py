@@ -33,16 +33,16 @@ def choose_kernels(args, gin_files, gin_bindings=()):
     under `args.host_kind` and `args.kernel_choice` (`add_kernel_flags`) as
     alf-async-train does, in this process's environment (child processes
     inherit it), and prints the choice's line to stderr. Returns the gin
-    bindings with `train.kernel_choice` when it is 'off'. Exits 2 with one
+    bindings with `Runtime.kernel_choice` when it is 'off'. Exits 2 with one
     line for a host kind this CPU cannot emulate."""
     bindings = list(gin_bindings)
     if args.kernel_choice != "auto":
-        bindings.append(f"train.kernel_choice = '{args.kernel_choice}'")
+        bindings.append(f"Runtime.kernel_choice = '{args.kernel_choice}'")
     if args.host_kind:
         os.environ[kernels.HOST_KIND_VAR] = args.host_kind
     try:
         choice = kernels.choose_for_gin(gin_files, bindings)
-    except kernels.KernelConfigError as e:
+    except kernels.ConfigError as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     kernels.apply(choice)

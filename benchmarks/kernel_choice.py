@@ -60,7 +60,7 @@ def parts(gin_file, part_secs, seed=0):
     from alf_async.learning.learner import Learner
     q = gin.query_parameter
     rows = step_breakdown.forward_rows("alf_async")
-    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
+    env = suites.load(q("Task.suite"), q("Task.env_name"), batch_size=1, seed=seed)
     agent = wcl._agent(env, tf.Variable(0, dtype=tf.int64))
     env.close()
     agent.initialize()
@@ -70,14 +70,14 @@ def parts(gin_file, part_secs, seed=0):
         result["learner"] = step_breakdown.learner_alone(agent, part_secs, seed)
         result["learner_unit"] = "env step"
         return result
-    num_rows = q("train.num_envs") * q("train.env_batch_size")
+    num_rows = q("Layout.env_threads") * q("Layout.rows_per_env_thread")
     replayer = wcl._replayer_class(agent)(agent.collect_data_spec, num_rows,
                                           capacity_per_row=1000)
     replayer(wcl._random_experience(agent.collect_data_spec, num_rows, 1000, seed),
              np.arange(num_rows, dtype=np.int32))
-    calls = q("train.train_steps_per_iteration")
+    calls = q("Schedule.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
-                      sample_batch_size=wcl._query("train.sample_batch_size", 64))
+                      sample_batch_size=wcl._query("Schedule.sample_batch_size", 64))
     result["learner"] = 1000.0 * step_breakdown.cpu_per_call(
         lambda: learner.train(calls), part_secs) / calls
     result["learner_unit"] = "train step"
@@ -162,7 +162,7 @@ def main():
     if args.host_kind:
         try:
             kernels.emulated_flags(kernels.real_flags(), args.host_kind)
-        except kernels.KernelConfigError as e:
+        except kernels.ConfigError as e:
             print(f"kernel_choice.py: error: {e}", file=sys.stderr)
             return 2
         environ[kernels.HOST_KIND_VAR] = args.host_kind

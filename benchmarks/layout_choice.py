@@ -1,4 +1,4 @@
-"""train.layout = 'auto' against the table of every layout, per workload.
+"""Layout.choice = 'auto' against the table of every layout, per workload.
 
 For each workload, in one process: `choose_layout` runs as a training run's
 start would (its default 20 s budget) and picks a layout; then every

@@ -6,7 +6,7 @@ profiler on `Learner.train` calls, the ops' time grouped by kind.
 
 Run it alone on the machine. The learner is step_breakdown.py's "learner
 alone" (`learner_on_random_batch`: the gin file's agent on a batch of
-random experience of the learner's shape, `train.train_steps_per_iteration`
+random experience of the learner's shape, `Schedule.train_steps_per_iteration`
 gradient updates a call). After --warmup_calls, its calls are timed in
 process CPU seconds (the least of 3 readings of --floor_secs / 3 each),
 then --calls calls are traced by TensorFlow's profiler, whose events on
@@ -89,9 +89,9 @@ def measure(gin_file, gin_bindings, calls, warmup_calls, floor_secs, seed=0):
     from step_breakdown import learner_on_random_batch
     if not unroll_sync.is_unroll_task():
         raise SystemExit(f"learner_ops.py: {gin_file} does not train an unroll agent "
-                         f"(train.agent_fn = @ppo_agent or @impala_agent)")
+                         f"(Task.agent_fn = @ppo_agent or @impala_agent)")
     q = gin.query_parameter
-    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1, seed=seed)
+    env = suites.load(q("Task.suite"), q("Task.env_name"), batch_size=1, seed=seed)
     agent, floor_agent = (unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
                                                      tf.Variable(0, dtype=tf.int64))
                           for _ in range(2))
@@ -100,7 +100,7 @@ def measure(gin_file, gin_bindings, calls, warmup_calls, floor_secs, seed=0):
     train, env_steps_per_call = learner_on_random_batch(agent, seed)
     for _ in range(warmup_calls):
         train()
-    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
+    rows, steps = q("Schedule.rows_per_batch"), q("Schedule.unroll_length")
     floor_step, floor_steps_per_env_step = bare_network.learner_floor_step(floor_agent, rows,
                                                                          steps, seed)
     # The learner and its floor timed alike, their readings in turn.

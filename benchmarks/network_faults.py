@@ -47,7 +47,7 @@ from alf_async.testing.netns import TestHosts, unavailable
 FAULTS = ("partition", "loss1", "loss5", "flap", "learner_kill")
 LEARNER_PORT = 41300
 FLAP_SECS = 3.0
-PARAMS = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
+PARAMS = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
           f"LearnerServer.port = {LEARNER_PORT}",
           "replay_table.max_size = 2000000"]   # nothing evicted: the audit sees every item
 
@@ -55,7 +55,7 @@ PARAMS = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING
 # learner_kill: checkpoints (the agent's and the replay table's) every
 # 500 train steps, so that the resumed learner restores one; the steps the
 # collectors wrote after it are lost with the killed process.
-KILL_PARAMS = ["train.checkpoint_interval = 500"]
+KILL_PARAMS = ["Outputs.checkpoint_interval = 500"]
 
 IMPAIRMENTS = {"loss1": ["--loss", "0.01"], "loss5": ["--loss", "0.05"],
                "flap": ["--flap_secs", str(FLAP_SECS)]}   # the relay's flags per fault

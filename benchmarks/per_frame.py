@@ -18,8 +18,8 @@ collects is far above it. So each run records both:
 - training episodes: every finished episode of every game the agent
   collects with (`alf_async.driver.metrics.EpisodeLog` fed each batch of
   unrolls), its score and the env steps collected when it ended;
-- evaluations: the gin file's greedy evaluation (`train.num_eval_episodes`
-  games of `train.eval_env_kwargs`) every `--eval_every_steps` train steps.
+- evaluations: the gin file's greedy evaluation (`Evaluation.episodes`
+  games of `Evaluation.env_kwargs`) every `--eval_every_steps` train steps.
 
 The sides:
 
@@ -79,10 +79,14 @@ def run_alf_async(seed, env_steps, root_dir, log):
     """`trainer.train()` until `env_steps`, the driver's batches fed to `log`."""
     import wall_clock_learning as wcl
     from alf_async import trainer
+    from alf_async import settings
 
     start = time.monotonic()
-    result = trainer.train(root_dir, seed=seed, replayer_fn=unroll_sync.logged_one_time_replayer(log),
-                           num_env_steps=env_steps, async_eval=False)
+    result = trainer.train(root_dir,
+                           task=settings.Task(replayer_fn=unroll_sync.logged_one_time_replayer(log)),
+                           schedule=settings.Schedule(num_env_steps=env_steps),
+                           evaluation=settings.Evaluation(in_background=False),
+                           runtime=settings.Runtime(seed=seed))
     lags = [v for _, v in wcl._scalars(os.path.join(root_dir, "train"), "Learner/policy_lag")]
     return dict(env_steps=result.env_steps, train_steps=result.global_step,
                 loop_secs=time.monotonic() - start,
@@ -104,15 +108,15 @@ def run_tf_agents(seed, env_steps, log):
 def one_run(args):
     machine = host()   # before TensorFlow and the games load
     from alf_async.bin.train import parse_gin
-    parse_gin([args.gin_file], [f"train.eval_interval = {args.eval_every_steps}",
-                                "train.checkpoint_interval = 1000000000",
-                                "train.stop_at_eval_return = None"]   # env steps stop a run
+    parse_gin([args.gin_file], [f"Evaluation.interval = {args.eval_every_steps}",
+                                "Outputs.checkpoint_interval = 1000000000",
+                                "Evaluation.stop_at_return = None"]   # env steps stop a run
               + list(args.gin_bindings))
     import gin
     config = gin.config_str()
     if not unroll_sync.is_unroll_task():
         raise SystemExit(f"per_frame.py: {args.gin_file} does not train an unroll agent "
-                         f"(train.agent_fn = @ppo_agent or @impala_agent)")
+                         f"(Task.agent_fn = @ppo_agent or @impala_agent)")
     from alf_async.driver.metrics import EpisodeLog
     episode_log = EpisodeLog()
     start, printed = time.monotonic(), [0]

@@ -37,14 +37,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN_FILES = [os.path.join(ROOT, "gin_configs", "dqn_cartpole.gin"),
              os.path.join(ROOT, "gin_configs", "dqn_cartpole_subprocess.gin")]
 GIN_PARAMS = [
-    "train.num_envs = 2",                      # env threads
-    "train.env_batch_size = 4",                # children per env thread: 8 in all
-    "train.learn_queue_cap = 2",               # 2 x 4 x 16 = 128 env steps per iteration
-    "train.train_steps_per_iteration = 8",     # as the default's 16 per 256 env steps
-    "train.stop_at_eval_return = None",        # never stop on solving
-    "train.num_env_steps = 1000000000",
-    "train.checkpoint_interval = 2000",        # checkpoints during the soak, too
-    "train.log_interval_secs = 5.0",
+    "Layout.env_threads = 2",                      # env threads
+    "Layout.rows_per_env_thread = 4",                # children per env thread: 8 in all
+    "Schedule.rows_per_batch = 8",               # 8 rows x 16 = 128 env steps per iteration
+    "Schedule.train_steps_per_iteration = 8",     # as the default's 16 per 256 env steps
+    "Evaluation.stop_at_return = None",        # never stop on solving
+    "Schedule.num_env_steps = 1000000000",
+    "Outputs.checkpoint_interval = 2000",        # checkpoints during the soak, too
+    "Outputs.log_interval_secs = 5.0",
 ]
 _PROGRESS = re.compile(r"\[alf_async\] iteration (\d+) \| env steps (\d+) .*\| train steps (\d+)")
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20

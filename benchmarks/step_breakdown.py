@@ -127,9 +127,9 @@ def env_alone(py_env, secs, seed=0):
 
 def learner_on_random_batch(agent, seed=0):
     """The learner as it is timed alone: a `Learner` of `agent` on one batch
-    of random experience of the learner's shape (`train.learn_queue_cap`
+    of random experience of the learner's shape (`Schedule.rows_per_batch`
     unrolls, replayed for every call). Returns a function making one train
-    call (`train.train_steps_per_iteration` updates) and the env steps a
+    call (`Schedule.train_steps_per_iteration` updates) and the env steps a
     call trains on."""
     import gin
     import numpy as np
@@ -138,12 +138,12 @@ def learner_on_random_batch(agent, seed=0):
     from alf_async.learning import replayers
     from alf_async.learning.learner import Learner
     q = gin.query_parameter
-    rows, steps = q("train.learn_queue_cap") * q("train.env_batch_size"), q("train.unroll_length")
+    rows, steps = q("Schedule.rows_per_batch"), q("Schedule.unroll_length")
     replayer = replayers.OneTimeReplayer()
     replayer(wcl._random_experience(agent.collect_data_spec, rows, steps, seed),
              np.arange(rows, dtype=np.int32))
     learner = Learner(agent, driver=None, replayer=replayer, sample_batch_size=rows)
-    calls = q("train.train_steps_per_iteration")
+    calls = q("Schedule.train_steps_per_iteration")
     return (lambda: learner.train(calls)), rows * steps
 
 
@@ -174,8 +174,8 @@ def floors(agent, time_step_spec, secs, rows):
     import gin
     import tensorflow as tf
     q = gin.query_parameter
-    learner_rows = q("train.learn_queue_cap") * q("train.env_batch_size")
-    steps = q("train.unroll_length")
+    learner_rows = q("Schedule.rows_per_batch")
+    steps = q("Schedule.unroll_length")
     forward = forward_flops(agent.collect_policy, time_step_spec)
     # A fresh agent of the same config: the floor's steps train its networks.
     fresh = unroll_sync.gin_agent_fn()(time_step_spec, agent.action_spec,
@@ -188,7 +188,7 @@ def floors(agent, time_step_spec, secs, rows):
                   bare_train_gflops_per_cpu_sec=3 * forward * batch / step_ms / 1e6,
                   ms={"actor inference": bare_network.inference_floor(fresh, rows, secs),
                       "learner": learner_ms, DRIVER: 0.0})
-    env_name = q("train.env_name")
+    env_name = q("Task.env_name")
     envpool_id = ENVPOOL_IDS.get(env_name, env_name if env_name in ENVPOOL_IDS.values() else None)
     if envpool_id is not None:
         try:
@@ -209,6 +209,7 @@ def run_side(side, seed, seconds, window, root_dir):
     """The whole: `side` trains for `seconds` with `window` observing its batches."""
     if side == "alf_async":
         from alf_async import trainer
+        from alf_async import settings
         from alf_async.learning import replayers
 
         class ObservedReplayer(replayers.OneTimeReplayer):
@@ -220,8 +221,9 @@ def run_side(side, seed, seconds, window, root_dir):
         timer = threading.Timer(seconds, stop.set)
         timer.start()
         try:
-            trainer.train(root_dir, seed=seed, stop_event=stop, replayer_fn=ObservedReplayer,
-                          async_eval=False)
+            trainer.train(root_dir, task=settings.Task(replayer_fn=ObservedReplayer),
+                          evaluation=settings.Evaluation(in_background=False),
+                          runtime=settings.Runtime(seed=seed), stop_event=stop)
         finally:
             timer.cancel()
         return
@@ -232,14 +234,14 @@ def run_side(side, seed, seconds, window, root_dir):
 def one_run(args):
     machine = host()   # before TensorFlow and the games load
     from alf_async.bin.train import parse_gin
-    parse_gin([args.gin_file], ["train.eval_interval = 1000000000",
-                                "train.checkpoint_interval = 1000000000",
-                                "train.num_env_steps = 1000000000",
-                                "train.stop_at_eval_return = None"] + list(args.gin_bindings))
+    parse_gin([args.gin_file], ["Evaluation.interval = 1000000000",
+                                "Outputs.checkpoint_interval = 1000000000",
+                                "Schedule.num_env_steps = 1000000000",
+                                "Evaluation.stop_at_return = None"] + list(args.gin_bindings))
     import gin
     if not unroll_sync.is_unroll_task():
         raise SystemExit(f"step_breakdown.py: {args.gin_file} does not train an unroll agent "
-                         f"(train.agent_fn = @ppo_agent or @impala_agent)")
+                         f"(Task.agent_fn = @ppo_agent or @impala_agent)")
     config = gin.config_str()
     window = Window(args.warmup_secs)
     run_side(args.one, args.seed, args.seconds, window, args.root_dir)
@@ -249,7 +251,7 @@ def one_run(args):
     from alf_async.environments import suites
     q = gin.query_parameter
     rows = forward_rows(args.one)
-    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=rows, seed=args.seed)
+    env = suites.load(q("Task.suite"), q("Task.env_name"), batch_size=rows, seed=args.seed)
     agent = unroll_sync.gin_agent_fn()(env.time_step_spec(), env.action_spec(),
                                        tf.Variable(0, dtype=tf.int64))
     agent.initialize()

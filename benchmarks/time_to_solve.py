@@ -6,8 +6,8 @@ the same agent (agents.dqn_agent: network, optimizer, DqnAgent settings,
 epsilon schedule), the same number of environments, env steps per
 iteration, train steps per iteration, sample batch size, initial collection
 and replay capacity, and the same evaluation protocol (evaluation.Evaluator:
-the greedy policy, one episode on each of train.num_eval_episodes envs,
-every train.eval_interval train steps). "Solved" is the first evaluation
+the greedy policy, one episode on each of Evaluation.episodes envs,
+every Evaluation.interval train steps). "Solved" is the first evaluation
 with AverageReturn >= 195; the clock starts when the loop starts (agents and
 environments built, nothing traced yet) and includes evaluations.
 
@@ -76,11 +76,13 @@ def run_async(seed, cap, root_dir):
     evaluation >= SOLVED or after `cap` seconds; returns its TrainResult
     (`solved_secs` None if it did not solve within cap)."""
     from alf_async import trainer
+    from alf_async import settings
     stop = threading.Event()
     timer = threading.Timer(cap, stop.set)
     timer.start()
     try:
-        return trainer.train(root_dir, seed=seed, stop_at_eval_return=SOLVED, stop_event=stop,
+        return trainer.train(root_dir, evaluation=settings.Evaluation(stop_at_return=SOLVED),
+                             runtime=settings.Runtime(seed=seed), stop_event=stop,
                              print_fn=lambda line: None)
     finally:
         timer.cancel()
@@ -101,12 +103,12 @@ def run_sync(seed, cap, sync_env, prebuild):
     from alf_async.environments import gym_batch, suites
 
     q = gin.query_parameter
-    env_name = q("train.env_name")
-    num_rows = q("train.num_envs") * q("train.env_batch_size")
-    steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(
-        "train.unroll_length")
-    train_steps = q("train.train_steps_per_iteration")
-    eval_interval = q("train.eval_interval")
+    env_name = q("Task.env_name")
+    num_rows = q("Layout.env_threads") * q("Layout.rows_per_env_thread")
+    steps_per_iteration = q("Schedule.rows_per_batch") * q(
+        "Schedule.unroll_length")
+    train_steps = q("Schedule.train_steps_per_iteration")
+    eval_interval = q("Evaluation.interval")
 
     tf.random.set_seed(seed)
     if sync_env == "suite_gym":
@@ -118,7 +120,7 @@ def run_sync(seed, cap, sync_env, prebuild):
     else:
         env = tf_py_environment.TFPyEnvironment(
             gym_batch.load_batched(env_name, num_rows, seed=seed))
-    eval_env = suites.load("suite_gym", env_name, batch_size=q("train.num_eval_episodes"),
+    eval_env = suites.load("suite_gym", env_name, batch_size=q("Evaluation.episodes"),
                            seed=seed + 1000003)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     if unroll_sync.is_unroll_task():
@@ -132,7 +134,7 @@ def run_sync(seed, cap, sync_env, prebuild):
     driver = dynamic_step_driver.DynamicStepDriver(
         env, agent.collect_policy, observers=[buffer.add_batch], num_steps=steps_per_iteration)
     collect = common.function(driver.run)
-    dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("train.sample_batch_size"),
+    dataset = buffer.as_dataset(num_parallel_calls=3, sample_batch_size=q("Schedule.sample_batch_size"),
                                 num_steps=agent.train_sequence_length).prefetch(3)
     train_step = common.function(agent.train)
     evaluator = evaluation.Evaluator(eval_env, agent.policy)
@@ -143,7 +145,7 @@ def run_sync(seed, cap, sync_env, prebuild):
     while time.monotonic() - start < cap:
         time_step, policy_state = collect(time_step, policy_state)
         env_steps += steps_per_iteration
-        if env_steps < q("train.initial_collect_steps"):
+        if env_steps < q("Schedule.initial_collect_steps"):
             continue
         if iterator is None:
             iterator = iter(dataset)

@@ -30,34 +30,34 @@ import gin
 
 
 def _builder_name():
-    return str(gin.query_parameter("train.agent_fn")).lstrip("@").split(".")[-1]
+    return str(gin.query_parameter("Task.agent_fn")).lstrip("@").split(".")[-1]
 
 
 def is_unroll_task():
-    """True when the parsed gin config's train.agent_fn is an unroll agent
+    """True when the parsed gin config's Task.agent_fn is an unroll agent
     builder (ppo_agent, impala_agent)."""
     return _builder_name() in ("ppo_agent", "impala_agent")
 
 
 def gin_agent_fn():
-    """The agent builder `train.agent_fn` names in the parsed gin config."""
+    """The agent builder `Task.agent_fn` names in the parsed gin config."""
     from alf_async.learning import agents
     return getattr(agents, _builder_name())
 
 
 def steps_per_batch():
     """Env steps in one of alf_async's learner batches (and so in one
-    iteration of the synchronous loop): learn_queue_cap x env_batch_size x
+    iteration of the synchronous loop): Schedule.rows_per_batch x
     unroll_length. Both sides train on batches of all environments only
-    when learn_queue_cap = num_envs; other configs are refused."""
+    when the batch holds every row; other configs are refused."""
     q = gin.query_parameter
-    if q("train.learn_queue_cap") != q("train.num_envs"):
+    rows = q("Layout.env_threads") * q("Layout.rows_per_env_thread")
+    if q("Schedule.rows_per_batch") != rows:
         raise ValueError(
-            f"the synchronous loop trains on all {q('train.num_envs') * q('train.env_batch_size')}"
-            f" environments at once; alf_async's batches hold learn_queue_cap x env_batch_size "
-            f"rows: set train.learn_queue_cap = train.num_envs ({q('train.num_envs')}) so both "
-            f"sides train on batches of the same shape")
-    return q("train.learn_queue_cap") * q("train.env_batch_size") * q("train.unroll_length")
+            f"the synchronous loop trains on all {rows} environments at once; alf_async's "
+            f"batches hold Schedule.rows_per_batch rows: set Schedule.rows_per_batch = {rows} "
+            f"so both sides train on batches of the same shape")
+    return q("Schedule.rows_per_batch") * q("Schedule.unroll_length")
 
 
 class SyncUnrollLoop(object):
@@ -152,15 +152,15 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
             return default
 
     tf.random.set_seed(seed)
-    eval_env = suites.load(q("train.suite"), q("train.env_name"),
-                           batch_size=q("train.num_eval_episodes"), seed=seed + 1000003,
-                           **(query("train.eval_env_kwargs", None) or {}))
+    eval_env = suites.load(q("Task.suite"), q("Task.env_name"),
+                           batch_size=q("Evaluation.episodes"), seed=seed + 1000003,
+                           **(query("Evaluation.env_kwargs", None) or {}))
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     agent = gin_agent_fn()(env.time_step_spec(), env.action_spec(), global_step)
     agent.initialize()
     loop = SyncUnrollLoop(agent, env, steps_per_batch(), exp_observers)
     evaluator = evaluation.Evaluator(eval_env, eval_policy(agent))
-    eval_interval = q("train.eval_interval")
+    eval_interval = q("Evaluation.interval")
     evaluations, eval_secs = [], 0.0
     start, cpu_start = time.monotonic(), cpu_secs()
     while time.monotonic() - start < seconds and (num_env_steps is None
@@ -192,7 +192,7 @@ def learning_run(seed, seconds, raw_secs, env, eval_policy, raw_rate, cpu_secs, 
 
 
 def logged_one_time_replayer(log):
-    """The unroll agents' OneTimeReplayer (their gin files' `train.replayer_fn`)
+    """The unroll agents' OneTimeReplayer (their gin files' `Task.replayer_fn`)
     that also feeds `log(exp, env_ids)` each batch of unrolls the learner takes."""
     from alf_async.learning import replayers
 

@@ -14,8 +14,8 @@ Breakout: both sides build the gin file's DQN agent (Nature CNN, RMSprop,
 rewards clipped for training only), step the same environments
 (`suites.load` of the gin's suite, 16 games), keep the same PixelReplayer
 (1M steps) and train a step of 32 per 4 env steps; the evaluation is
-epsilon-greedy with the gin's `train.eval_epsilon` on games of at most
-`train.eval_env_kwargs` frames (Mnih et al. 2015's protocol: 0.05, 5
+epsilon-greedy with the gin's `Evaluation.epsilon` on games of at most
+`Evaluation.env_kwargs` frames (Mnih et al. 2015's protocol: 0.05, 5
 minutes) and reports game scores. Rows add frames (4 per env step) and the run's peak
 resident memory.
 
@@ -24,7 +24,7 @@ sac_hopper.gin): the same SAC agent, environments and train steps per
 iteration (a train step per env step), sample batch size, replay capacity,
 initial random collection, and the same greedy evaluation
 (evaluation.Evaluator over `GreedyPolicy(agent.policy)`, one episode on each
-of train.num_eval_episodes environments, every --eval_every_steps train steps).
+of Evaluation.episodes environments, every --eval_every_steps train steps).
 
 - alf_async: `alf_async.trainer.train()` (the AsyncOffPolicyDriver collects
   while the learner trains), stopped by a timer after --minutes.
@@ -155,13 +155,15 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     from alf_async.learning import agents, replayers
 
     from alf_async import trainer
+    from alf_async import settings
     from alf_async.environments import suites
     from alf_async.learning.learner import Learner
 
     eval_times = []
     trainer.Evaluator = _timed_evaluator_class(eval_times)  # instrument, same class otherwise
     episodes = unroll_sync.TrainingEpisodes()
-    logged = ({"replayer_fn": unroll_sync.logged_one_time_replayer(episodes)}
+    logged = ({"task": settings.Task(
+        replayer_fn=unroll_sync.logged_one_time_replayer(episodes))}
               if unroll_sync.is_unroll_task() else {})
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
@@ -171,8 +173,8 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     try:
         # Evaluations on the learner's thread, as the synchronous side's:
         # their time is taken out of both sides' clocks.
-        result = trainer.train(root_dir, seed=seed, stop_event=stop, async_eval=False,
-                               **logged)
+        result = trainer.train(root_dir, evaluation=settings.Evaluation(in_background=False),
+                               runtime=settings.Runtime(seed=seed), stop_event=stop, **logged)
     finally:
         timer.cancel()
     cpu_secs = _cpu_secs() - cpu_start
@@ -191,18 +193,18 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
     peak_rss_mb = _peak_rss_mb()
     # The raw rate: a fresh agent of the same gin config, a replayer of random steps.
     q = gin.query_parameter
-    env = suites.load(q("train.suite"), q("train.env_name"), batch_size=1)
+    env = suites.load(q("Task.suite"), q("Task.env_name"), batch_size=1)
     step = tf.Variable(0, dtype=tf.int64)
     agent = _agent(env, step)
     env.close()
-    num_rows = q("train.num_envs") * q("train.env_batch_size")
+    num_rows = q("Layout.env_threads") * q("Layout.rows_per_env_thread")
     lags = None
     if unroll_sync.is_unroll_task():
         # A batch of the learner's shape: learn_queue_cap unrolls of env_batch_size rows.
-        num_rows = q("train.learn_queue_cap") * q("train.env_batch_size")
+        num_rows = q("Schedule.rows_per_batch")
         replayer = replayers.OneTimeReplayer()
         replayer(_random_experience(agent.collect_data_spec, num_rows,
-                                    q("train.unroll_length"), seed),
+                                    q("Schedule.unroll_length"), seed),
                  np.arange(num_rows, dtype=np.int32))
         lags = [v for _, v in _scalars(os.path.join(root_dir, "train"), "Learner/policy_lag")]
     else:
@@ -210,9 +212,9 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
                                           capacity_per_row=1000)
         replayer(_random_experience(agent.collect_data_spec, num_rows, 1000, seed),
                  np.arange(num_rows, dtype=np.int32))
-    calls_per_train = q("train.train_steps_per_iteration")
+    calls_per_train = q("Schedule.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
-                      sample_batch_size=_query("train.sample_batch_size", inspect.signature(
+                      sample_batch_size=_query("Schedule.sample_batch_size", inspect.signature(
                           trainer.train).parameters["sample_batch_size"].default))
 
     def train_calls(k):
@@ -324,18 +326,18 @@ def _query(name, default):
 
 
 def _eval_policy(agent):
-    """What train() evaluates: train.greedy_eval and train.eval_epsilon as bound."""
+    """What train() evaluates: Evaluation.greedy and Evaluation.epsilon as bound."""
     from alf_async.learning.evaluation import eval_policy
-    return eval_policy(agent.policy, _query("train.greedy_eval", False),
-                       _query("train.eval_epsilon", None))
+    return eval_policy(agent.policy, _query("Evaluation.greedy", False),
+                       _query("Evaluation.epsilon", None))
 
 
 def set_train_threads():
     """TF's thread pools as train() sizes them from the gin file (before TF
     runs its first op; a second call with the same sizes does nothing)."""
     from alf_async.trainer import _set_threads
-    _set_threads(_query("train.inter_op_threads", None),
-                 _query("train.intra_op_threads", None))
+    _set_threads(_query("Runtime.inter_op_threads", None),
+                 _query("Runtime.intra_op_threads", None))
 
 
 def run_unroll_sync(seed, seconds, sync_env, raw_secs, **kwargs):
@@ -346,8 +348,8 @@ def run_unroll_sync(seed, seconds, sync_env, raw_secs, **kwargs):
     import gin
     q = gin.query_parameter
     set_train_threads()
-    env = _sync_envs(sync_env, q("train.suite"), q("train.env_name"),
-                     q("train.num_envs") * q("train.env_batch_size"), seed)
+    env = _sync_envs(sync_env, q("Task.suite"), q("Task.env_name"),
+                     q("Layout.env_threads") * q("Layout.rows_per_env_thread"), seed)
     episodes = unroll_sync.TrainingEpisodes()
     kwargs["exp_observers"] = list(kwargs.get("exp_observers", ())) + [episodes]
     record = unroll_sync.learning_run(seed, seconds, raw_secs, env, _eval_policy, _raw_rate,
@@ -380,19 +382,19 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
     q = gin.query_parameter
     if unroll_sync.is_unroll_task():
         return run_unroll_sync(seed, seconds, sync_env, raw_secs)
-    suite, env_name = q("train.suite"), q("train.env_name")
-    num_rows = q("train.num_envs") * q("train.env_batch_size")
-    steps_per_iteration = q("train.learn_queue_cap") * q("train.env_batch_size") * q(
-        "train.unroll_length")
-    train_steps = q("train.train_steps_per_iteration")
-    eval_interval = q("train.eval_interval")
-    initial_collect_steps = q("train.initial_collect_steps")
-    batch = q("train.sample_batch_size")
+    suite, env_name = q("Task.suite"), q("Task.env_name")
+    num_rows = q("Layout.env_threads") * q("Layout.rows_per_env_thread")
+    steps_per_iteration = q("Schedule.rows_per_batch") * q(
+        "Schedule.unroll_length")
+    train_steps = q("Schedule.train_steps_per_iteration")
+    eval_interval = q("Evaluation.interval")
+    initial_collect_steps = q("Schedule.initial_collect_steps")
+    batch = q("Schedule.sample_batch_size")
 
     tf.random.set_seed(seed)
     env = _sync_envs(sync_env, suite, env_name, num_rows, seed)
-    eval_env = suites.load(suite, env_name, batch_size=q("train.num_eval_episodes"),
-                           seed=seed + 1000003, **(_query("train.eval_env_kwargs", None) or {}))
+    eval_env = suites.load(suite, env_name, batch_size=q("Evaluation.episodes"),
+                           seed=seed + 1000003, **(_query("Evaluation.env_kwargs", None) or {}))
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
     agent = _agent(env, global_step)
     agent.initialize()
@@ -487,9 +489,9 @@ def run_tf_agents(seed, seconds, sync_env, raw_secs):
 
 def one_run(args):
     machine = host()  # before TensorFlow and the games load
-    bindings = [f"train.eval_interval = {args.eval_every_steps}",
-                "train.checkpoint_interval = 1000000000",  # only at exit, after the clock
-                "train.num_env_steps = 1000000000"]        # the clock stops the run
+    bindings = [f"Evaluation.interval = {args.eval_every_steps}",
+                "Outputs.checkpoint_interval = 1000000000",  # only at exit, after the clock
+                "Schedule.num_env_steps = 1000000000"]        # the clock stops the run
     _parse_gin(args.task, bindings + list(args.gin_bindings))
     seconds = args.minutes * 60.0
     import gin

@@ -1,6 +1,6 @@
 """DQN on CartPole-v0 with alf_async's Python API: no CLI, no gin.
 
-Part 1 calls the same `train()` the CLI calls, with plain arguments (the
+Part 1 calls the same `train()` the CLI calls, with its settings groups (the
 values of gin_configs/dqn_cartpole.gin). Part 2 wires the pieces by hand —
 environments, agent, replayer, driver — and runs them with the Learner that
 `train()` runs (alf_async.learning.learner), with a hook of its own.
@@ -27,7 +27,8 @@ from tf_agents.utils import common  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver, trainer  # noqa: E402
 
-from alf_async.learning import agents, replayers
+from alf_async.learning import agents, replayers  # noqa: E402
+from alf_async.settings import Evaluation, Layout, Runtime, Schedule, Task  # noqa: E402
 from alf_async.environments import suites  # noqa: E402
 from alf_async.learning.evaluation import Evaluator  # noqa: E402
 from alf_async.learning.learner import Hook, Learner  # noqa: E402
@@ -46,12 +47,15 @@ AGENT_FN = functools.partial(
 def with_train(root_dir):
     """Part 1: the training loop, checkpoints, summaries and evaluation of `train()`."""
     result = trainer.train(
-        root_dir, env_name="CartPole-v0", agent_fn=AGENT_FN,
-        replayer_fn=functools.partial(replayers.UniformReplayer, capacity_per_row=3000),
-        num_envs=1, env_batch_size=32, unroll_length=8, learn_queue_cap=1,
-        initial_collect_steps=1000, train_steps_per_iteration=16, sample_batch_size=64,
-        num_env_steps=2000000, eval_interval=250, num_eval_episodes=10,
-        stop_at_eval_return=195.0, seed=1)
+        root_dir,
+        task=Task(env_name="CartPole-v0", agent_fn=AGENT_FN,
+                  replayer_fn=functools.partial(replayers.UniformReplayer, capacity_per_row=3000)),
+        layout=Layout(env_threads=1, rows_per_env_thread=32),
+        schedule=Schedule(unroll_length=8, rows_per_batch=32, initial_collect_steps=1000,
+                          train_steps_per_iteration=16, sample_batch_size=64,
+                          num_env_steps=2000000),
+        evaluation=Evaluation(interval=250, episodes=10, stop_at_return=195.0),
+        runtime=Runtime(seed=1))
     if result.stopped_by == "already_finished":
         return  # train() said so
     solved = ("not solved" if result.solved_secs is None else
@@ -77,7 +81,7 @@ def by_hand(num_iterations=150):
         The greedy policy's average return over 10 episodes at the end.
     """
     # Before TF runs any op: one inter-op thread per env and actor thread (the
-    # driver's hint otherwise; alf-async-train: train.inter_op_threads).
+    # driver's hint otherwise; alf-async-train: Runtime.inter_op_threads).
     tf.config.threading.set_inter_op_parallelism_threads(3)
     env_constructor = suites.make_env_constructor("suite_gym", "CartPole-v0", batch_size=16,
                                                   seed=1)

@@ -87,8 +87,8 @@ def serving_job(hosts, root_dir, *params):
     """The serving job (dqn_cartpole_serving.gin) on host 'server'; its
     stdout is read by a thread into the returned list."""
     proc = hosts.popen("server", trainer_args(
-        root_dir, "make_serving_env_constructor.port = 0", "train.num_eval_episodes = 0",
-        "train.log_interval_secs = 0.2", *params),
+        root_dir, "make_serving_env_constructor.port = 0", "Evaluation.episodes = 0",
+        "Outputs.log_interval_secs = 0.2", *params),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     lines = []
     threading.Thread(target=lambda: lines.extend(l.rstrip("\n") for l in proc.stdout),
@@ -211,13 +211,13 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
 # The environments' observations are [row, counter, t] (envs.counting_rows),
 # collector1's rows from 1001 on, and nothing is evicted: after the run the
 # replay checkpoint's items are audited.
-AUDITED = [f"train.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
+AUDITED = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
            "replay_table.max_size = 2000000"]
 
 
 # The learner checkpoints (its agent and the replay table) every 50 train
 # steps, so that a learner SIGKILLed after the partition resumes from one.
-CHECKPOINTS = ["train.checkpoint_interval = 50"]
+CHECKPOINTS = ["Outputs.checkpoint_interval = 50"]
 
 
 def test_a_partitioned_collector_comes_back_by_itself_and_the_learner_trains_from_the_other(

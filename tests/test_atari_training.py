@@ -15,14 +15,14 @@ from test_trainer import read_scalars
 # steps = 128 env steps and 32 train steps per iteration; training starts at
 # iteration 2 (256 env steps) and runs through iteration 6.
 SHORT = [
-    "train.num_env_steps = 768",
-    "train.initial_collect_steps = 256",
+    "Schedule.num_env_steps = 768",
+    "Schedule.initial_collect_steps = 256",
     "PixelReplayer.capacity_per_row = 200",
     "suite_atari.max_num_frames_per_episode = 400",  # 100 agent steps, training and eval games
-    "train.eval_env_kwargs = {'max_num_frames_per_episode': 200}",  # 50 steps, eval games only
-    "train.num_eval_episodes = 2",
-    "train.eval_interval = 64",            # train steps: evaluations at 64 and 128
-    "train.summary_interval = 16",
+    "Evaluation.env_kwargs = {'max_num_frames_per_episode': 200}",  # 50 steps, eval games only
+    "Evaluation.episodes = 2",
+    "Evaluation.interval = 64",            # train steps: evaluations at 64 and 128
+    "Outputs.summary_interval = 16",
 ]
 
 
@@ -52,6 +52,6 @@ def test_short_breakout_run_reaches_the_learner_and_evaluates(tmp_path):
     assert all(0 < v <= 50 for _, v in evaluation["Metrics/AverageEpisodeLength"])
 
     config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
-    assert "train.env_name = 'ALE/Breakout-v5'" in config
+    assert "Task.env_name = 'ALE/Breakout-v5'" in config
     assert "dqn_agent.reward_clip = (-1.0, 1.0)" in config
-    assert "train.replayer_fn = @PixelReplayer" in config
+    assert "Task.replayer_fn = @PixelReplayer" in config

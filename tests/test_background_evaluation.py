@@ -1,4 +1,4 @@
-"""Evaluation beside training (`train.async_eval`): the policy snapshot of
+"""Evaluation beside training (`Evaluation.in_background`): the policy snapshot of
 every agent builder, the evaluation thread's schedule, errors and stops on
 the real Learner, the Evaluator's cancel, and train() end to end."""
 
@@ -14,6 +14,7 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
 from alf_async import AsyncOffPolicyDriver, trainer
+from alf_async import settings
 from alf_async.learning import agents
 from alf_async.learning.background_evaluation import BackgroundEvaluationHook, PolicySnapshot
 from alf_async.learning.evaluation import Evaluator, eval_policy
@@ -212,7 +213,7 @@ def test_the_learner_trains_on_while_an_evaluation_of_its_snapshot_plays(tmp_pat
         assert average_return == recorder.weights[step]
     assert recorder.weights[2] != recorder.weights[8]
     assert lines[-1] == (f"[alf_async] {hook.not_made} evaluations were due while one ran, "
-                         f"and were not made (train.async_eval)")
+                         f"and were not made (Evaluation.in_background)")
     assert [line.split(" (")[0] for line in lines[:-1]] == [
         f"[alf_async] eval at train step {s}" for s in steps]
     written = read_scalars(str(tmp_path / "eval"))["Metrics/AverageReturn"]
@@ -255,7 +256,8 @@ def test_a_stop_cancels_the_running_evaluation_and_records_nothing():
 def test_train_evaluates_in_the_background_and_stops_when_solved(tmp_path):
     gin.parse_config_files_and_bindings([SMOKE_GIN], [])
     lines = []
-    result = trainer.train(str(tmp_path), async_eval=True, stop_at_eval_return=0.0,
+    result = trainer.train(str(tmp_path),
+                           evaluation=settings.Evaluation(in_background=True, stop_at_return=0.0),
                            print_fn=lines.append)
     assert result.stopped_by == "stop_at_eval_return" and result.global_step >= 20
     assert [e[1] for e in result.evaluations] == [20]
@@ -265,4 +267,5 @@ def test_train_evaluates_in_the_background_and_stops_when_solved(tmp_path):
     assert [step for step, _ in evaluation["Metrics/AverageReturn"]] == [20]
     assert not evaluation_threads()
     with pytest.raises(trainer.ConfigError):
-        trainer.train(str(tmp_path / "other"), async_eval="yes", print_fn=lines.append)
+        trainer.train(str(tmp_path / "other"), evaluation=settings.Evaluation(in_background="yes"),
+                      print_fn=lines.append)

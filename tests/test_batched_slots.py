@@ -292,7 +292,7 @@ def test_the_serving_jobs_env_batch_size_is_slots_per_env_thread():
     from alf_async.serving.job import make_serving_env_constructor  # pylint: disable=import-outside-toplevel
     for bad in (0, -2, 1.5):
         with pytest.raises(ValueError, match=r"^make_serving_env_constructor: "
-                                             r"train.env_batch_size \(slots per env thread\) "
+                                             r"Layout.rows_per_env_thread \(slots per env thread\) "
                                              r"must be an integer >= 1, got "):
             make_serving_env_constructor("suite_gym", "CartPole-v0", batch_size=bad)
     constructor = make_serving_env_constructor("suite_gym", "CartPole-v0", batch_size=4)

@@ -117,9 +117,9 @@ def test_a_write_past_the_grace_is_removed_and_the_previous_checkpoint_stays(tmp
 # smoke.gin with a Q-network of ~37M weights: its checkpoint (the network,
 # its target and Adam's two slots) is ~600 MB, a write long enough to be
 # interrupted, short enough to finish within the grace.
-BIG_NETWORK = ["dqn_agent.fc_layer_params = (6000, 6000)", "train.checkpoint_interval = 1000000",
-               "train.eval_interval = 1000000", "train.num_iterations = 1000000",
-               "train.log_interval_secs = 0.2"]
+BIG_NETWORK = ["dqn_agent.fc_layer_params = (6000, 6000)", "Outputs.checkpoint_interval = 1000000",
+               "Evaluation.interval = 1000000", "Schedule.num_iterations = 1000000",
+               "Outputs.log_interval_secs = 0.2"]
 
 
 def _train(root_dir, *params):

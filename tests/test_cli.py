@@ -41,12 +41,13 @@ def assert_one_error_line(proc, expected):
 
 # ------------------------------------------------------------------ --help
 
-def test_help_lists_the_train_bindings_without_importing_tensorflow():
+def test_help_lists_the_settings_without_importing_tensorflow():
     proc = run(cli("--help"))
     assert proc.returncode == 0 and proc.stderr == ""
-    for line in ("  train.num_env_steps = None", "  train.env_name = REQUIRED",
-                 "  train.replayer_fn = @UniformReplayer", "  train.inter_op_threads = None",
-                 "  train.sample_batch_size = 64", "  --verbose"):
+    for line in ("  Schedule.num_env_steps = None", "  Task.env_name = REQUIRED",
+                 "  Task.replayer_fn = @UniformReplayer", "  Runtime.inter_op_threads = None",
+                 "  Schedule.sample_batch_size = 64", "  Layout.env_threads = 1",
+                 "  --verbose"):
         assert line in proc.stdout.splitlines() or any(
             out.startswith(line) for out in proc.stdout.splitlines()), line
     probe = run([sys.executable, "-c",
@@ -61,13 +62,14 @@ def test_help_lists_the_train_bindings_without_importing_tensorflow():
 
 
 def test_the_help_table_is_the_real_signature():
-    from alf_async import trainer  # imports TensorFlow: the table must match it
-    signature = inspect.signature(trainer.train).parameters
-    rows = train_help.train_bindings()
-    assert [name for name, _, _ in rows] == [
-        name for name in signature if name not in train_help.NOT_BINDINGS]
-    for name, default, description in rows:
-        real = signature[name].default
+    from alf_async import settings  # imports TensorFlow: the table must match it
+    rows = train_help.setting_bindings()
+    groups = [getattr(settings, group) for group in train_help.GROUPS]
+    assert [(group, name) for group, name, _, _ in rows] == [
+        (cls.__name__, name) for cls in groups
+        for name in inspect.signature(cls.__init__).parameters if name != "self"]
+    for group, name, default, description in rows:
+        real = inspect.signature(getattr(settings, group).__init__).parameters[name].default
         assert description, name
         if default == "REQUIRED":
             assert real is gin.REQUIRED, name
@@ -75,6 +77,34 @@ def test_the_help_table_is_the_real_signature():
             assert real.__name__ == default[1:], name
         else:
             assert eval(default) == real, name  # pylint: disable=eval-used
+
+
+def test_train_takes_the_settings_groups():
+    from alf_async import trainer  # pylint: disable=import-outside-toplevel
+    assert list(inspect.signature(trainer.train).parameters) == [
+        "root_dir", "task", "layout", "schedule", "evaluation", "outputs", "runtime",
+        "collectors", "stop_event", "print_fn"]
+
+
+@pytest.mark.parametrize("binding, line", [
+    ("train.num_envs = 2", "train.num_envs moved: bind Layout.env_threads instead "
+                           "(docs/training.md lists every setting)"),
+    ("train.learn_queue_cap = 2",
+     "train.learn_queue_cap moved: bind Schedule.rows_per_batch instead (rows, not env "
+     "threads' unrolls: learn_queue_cap x rows_per_env_thread) (docs/training.md lists "
+     "every setting)"),
+    ("train.async_eval = True", "train.async_eval moved: bind Evaluation.in_background "
+                                "instead (docs/training.md lists every setting)"),
+])
+def test_a_moved_binding_names_its_new_binding(tmp_path, binding, line):
+    assert_one_error_line(
+        run(cli("--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN, "--gin_param", binding)),
+        f"--gin_param {binding!r}: {line}")
+    moved = tmp_path / "moved.gin"
+    moved.write_text(f"include '{SMOKE_GIN}'\n{binding}\n")
+    assert_one_error_line(
+        run(cli("--root_dir", str(tmp_path), "--gin_file", str(moved))),
+        f"gin file {moved}: {line}")
 
 
 # ------------------------------------------------------------------ config errors
@@ -120,10 +150,10 @@ def test_root_dir_that_cannot_be_written():
      "dqn_agent.learning_rate must be a number > 0, got 'fast'"),
     ("dqn_agent.fc_layer_params = (-5,)",
      "dqn_agent.fc_layer_params must be a tuple of layer sizes (ints >= 1), got (-5,)"),
-    ("train.num_envs = two",
-     "--gin_param 'train.num_envs = two': Failed to parse token 'two' (line 1) "
+    ("Layout.env_threads = two",
+     "--gin_param 'Layout.env_threads = two': Failed to parse token 'two' (line 1) "
      "(a string value needs quotes)"),
-    ("train.inter_op_threads = 0", "train.inter_op_threads must be None or an int >= 1, got 0"),
+    ("Runtime.inter_op_threads = 0", "Runtime.inter_op_threads must be None or an int >= 1, got 0"),
 ])
 def test_bad_values_name_their_binding(tmp_path, param, expected):
     proc = run(cli("--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN, "--gin_param", param))
@@ -133,10 +163,10 @@ def test_bad_values_name_their_binding(tmp_path, param, expected):
 
 def test_gin_files_without_the_required_bindings(tmp_path):
     overlay = tmp_path / "my_overlay.gin"
-    overlay.write_text("train.num_envs = 4\n")
+    overlay.write_text("Layout.env_threads = 4\n")
     proc = run(cli("--root_dir", str(tmp_path / "run"), "--gin_file", str(overlay)))
     assert_one_error_line(
-        proc, f"train.env_name and train.agent_fn not bound by {overlay}: an overlay gin file "
+        proc, f"Task.env_name and Task.agent_fn not bound by {overlay}: an overlay gin file "
               f"needs its base first (or an `include` of it), e.g. "
               f"--gin_file gin_configs/dqn_cartpole.gin")
 

@@ -41,7 +41,7 @@ def test_verbose_shows_the_third_party_output():
         proc = run([sys.executable, "-m", "alf_async.bin.train", "--verbose",
                     "--root_dir", root_dir,
                     "--gin_file", os.path.join(REPO, "gin_configs", "smoke.gin"),
-                    "--gin_param", "train.num_iterations = 1"])
+                    "--gin_param", "Schedule.num_iterations = 1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "Gym has been unmaintained since 2022" in output  # gym's import notice

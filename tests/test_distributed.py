@@ -1,4 +1,4 @@
-"""The learner role (train.num_collectors > 0) with real processes and a real
+"""The learner role (Collectors.count > 0) with real processes and a real
 Reverb server: the learner CLI starts its collectors, restarts one killed
 with SIGKILL, stops them all on SIGINT with replay and agent checkpointed,
 and a rerun restores both and its collectors reconnect; the feed's waits
@@ -174,9 +174,9 @@ def test_learner_with_collectors_survives_sigkill_stops_on_sigint_and_resumes(tm
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("param, message", [
-    ("train.num_collectors = -1", "train.num_collectors must be an int >= 0, got -1"),
-    ("train.collector_launcher = 'nope'",
-     "train.collector_launcher must be 'local', 'ray' or 'none', got 'nope'"),
+    ("Collectors.count = -1", "Collectors.count must be an int >= 0, got -1"),
+    ("Collectors.launcher = 'nope'",
+     "Collectors.launcher must be 'local', 'ray' or 'none', got 'nope'"),
 ])
 def test_bad_learner_settings_exit_2_with_one_line(tmp_path, param, message):
     proc = subprocess.run(
@@ -197,8 +197,8 @@ def test_distributed_configs_parse_for_both_roles(name):
     del learner_role
     path = os.path.join(GIN, name)
     train_cli.parse_gin([path], [])
-    assert gin.query_parameter("train.num_collectors") == 2
-    assert gin.query_parameter("train.replayer_fn").configurable.name == "ReverbReplayer"
+    assert gin.query_parameter("Collectors.count") == 2
+    assert gin.query_parameter("Task.replayer_fn").configurable.name == "ReverbReplayer"
     gin.clear_config()
     # The collector's way (alf-async-collect): the learner's train.* skipped.
     gin.parse_config_files_and_bindings([path], [], skip_unknown=True)
@@ -435,14 +435,14 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("bindings, message", [
-    (["train.replayer_fn = @UniformReplayer"],
-     "train.num_collectors > 0 needs train.replayer_fn = @ReverbReplayer (collectors write to "
+    (["Task.replayer_fn = @UniformReplayer"],
+     "Collectors.count > 0 needs Task.replayer_fn = @ReverbReplayer (collectors write to "
      "the learner's Reverb server)"),
     (["replay_table.min_size = 100", "replay_table.error_buffer = 100.0"],
      "replay_table's error_buffer 100 is too small for one iteration: the learner needs 320 "
      "samples (train_steps_per_iteration x sample_batch_size + "
      "ReverbReplayer.max_in_flight_samples_per_worker) within twice the error buffer; set "
-     "replay_table.error_buffer >= 162 or lower train.train_steps_per_iteration"),
+     "replay_table.error_buffer >= 162 or lower Schedule.train_steps_per_iteration"),
 ])
 def test_a_learner_that_cannot_work_is_a_config_error_before_any_collector(
         tmp_path, bindings, message):

@@ -33,24 +33,24 @@ pytestmark = pytest.mark.timeout(120)
 PPO_GIN = os.path.join(GIN, "ppo_cartpole_distributed.gin")
 SPEC = {"env": tf.TensorSpec([], tf.int32), "step": tf.TensorSpec([], tf.int32)}
 # Tiny and quick: 2 epochs x 2 minibatches = 4 train steps per batch of
-# learn_queue_cap 1 x env_batch_size 2 = 2 items of unroll_length 8 + 1 steps.
+# 2 rows = 2 items of unroll_length 8 + 1 steps.
 TINY = [
     "ppo_agent.actor_fc_layer_params = (16,)",
     "ppo_agent.value_fc_layer_params = (16,)",
     "ppo_agent.num_epochs = 2",
     "ppo_agent.num_minibatches = 2",
-    "train.unroll_length = 8",
-    "train.env_batch_size = 2",
-    "train.learn_queue_cap = 1",
+    "Schedule.unroll_length = 8",
+    "Layout.rows_per_env_thread = 2",
+    "Schedule.rows_per_batch = 2",
     "unroll_table.max_size = 8",
     "collect.env_batch_size = 2",
     "collect.unroll_length = 4",
     "collect.variable_update_interval = 0.5",
     "VariablePushHook.interval_secs = 0.25",
-    "train.num_eval_episodes = 0",
-    "train.stop_at_eval_return = None",
-    "train.summary_interval = 4",
-    "train.log_interval_secs = 0.5",
+    "Evaluation.episodes = 0",
+    "Evaluation.stop_at_return = None",
+    "Outputs.summary_interval = 4",
+    "Outputs.log_interval_secs = 0.5",
 ]
 STEPS_PER_BATCH = 4
 
@@ -247,12 +247,12 @@ def test_an_unroll_agent_with_collectors_and_no_reverb_replayer_exits_2_with_one
         tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
-         "--gin_file", PPO_GIN, "--gin_param", "train.replayer_fn = @OneTimeReplayer"],
+         "--gin_file", PPO_GIN, "--gin_param", "Task.replayer_fn = @OneTimeReplayer"],
         capture_output=True, text=True, timeout=100, env=ENV, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
         "alf-async-train: error: MinibatchPPOClipAgent trains on each batch of unrolls once: "
-        "with train.num_collectors > 0 set train.replayer_fn = @ReverbReplayer (it reads the "
+        "with Collectors.count > 0 set Task.replayer_fn = @ReverbReplayer (it reads the "
         "learner's Reverb queue of unrolls; got OneTimeReplayer)"]
     assert proc.stdout == ""
     assert not os.path.exists(tmp_path / "collectors")
@@ -270,7 +270,7 @@ def test_a_queue_that_cannot_hold_a_batch_is_a_config_error_before_any_collector
         trainer.train(str(tmp_path), print_fn=lambda line: None)
     assert trainer.one_line(raised.value) == (
         "unroll_table.max_size 16 is too small for one batch: the learner waits for 17 items "
-        "(train.learn_queue_cap x train.env_batch_size + "
+        "(Schedule.rows_per_batch + "
         "ReverbReplayer.max_in_flight_samples_per_worker); set unroll_table.max_size >= 17")
     assert not os.path.exists(tmp_path / "replay_address")
     assert not os.path.exists(tmp_path / "collectors")
@@ -281,12 +281,11 @@ def test_ppo_distributed_config_parses_for_both_roles():
     from alf_async.distributed import learner_role  # registers its knobs
     del learner_role
     train_cli.parse_gin([PPO_GIN], [])
-    assert gin.query_parameter("train.num_collectors") == 2
-    assert gin.query_parameter("train.replayer_fn").configurable.name == "ReverbReplayer"
-    assert gin.query_parameter("train.agent_fn").configurable.name == "ppo_agent"
-    # The same rows per batch as ppo_cartpole.gin's 1 unroll x 16 envs.
-    assert gin.query_parameter("train.learn_queue_cap") * gin.query_parameter(
-        "train.env_batch_size") == 16
+    assert gin.query_parameter("Collectors.count") == 2
+    assert gin.query_parameter("Task.replayer_fn").configurable.name == "ReverbReplayer"
+    assert gin.query_parameter("Task.agent_fn").configurable.name == "ppo_agent"
+    # The same rows per batch as ppo_cartpole.gin's 16 envs.
+    assert gin.query_parameter("Schedule.rows_per_batch") == 16
     gin.clear_config()
     # The collector's way (alf-async-collect): the learner's train.* skipped.
     gin.parse_config_files_and_bindings([PPO_GIN], [], skip_unknown=True)

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from alf_async import trainer  # noqa: E402
+from alf_async import settings
 from alf_async.environments import suites  # noqa: E402
 from alf_async.environments.env_index import building_env, current_env_index  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
@@ -30,22 +31,23 @@ def _clear_gin():
 def smoke_run(tmp_path, bindings):
     gin.parse_config_files_and_bindings([os.path.join(GIN, "smoke.gin")], bindings)
     losses = []
-    result = trainer.train(str(tmp_path), num_iterations=12, print_fn=losses.append)
+    result = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=12),
+                           print_fn=losses.append)
     assert result.global_step > 0 and result.env_steps == 12 * 8
     return result
 
 
 @pytest.mark.timeout(120)
 def test_gymnasium_environment_reaches_the_learner(tmp_path):
-    smoke_run(tmp_path, ["train.suite = 'suite_gymnasium'", "train.env_name = 'CartPole-v1'"])
+    smoke_run(tmp_path, ["Task.suite = 'suite_gymnasium'", "Task.env_name = 'CartPole-v1'"])
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("suite, env_name", [("suite_gym", "CartPole-v0"),
                                              ("suite_gymnasium", "CartPole-v1")])
 def test_subprocess_environments_reach_the_learner(tmp_path, suite, env_name):
-    smoke_run(tmp_path, ["train.make_env_constructor = @make_subprocess_env_constructor",
-                         f"train.suite = '{suite}'", f"train.env_name = '{env_name}'"])
+    smoke_run(tmp_path, ["Task.make_env_constructor = @make_subprocess_env_constructor",
+                         f"Task.suite = '{suite}'", f"Task.env_name = '{env_name}'"])
     # Their restart count is a training summary (0 here: nothing crashed).
     restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
     assert restarts and all(value == 0 for _, value in restarts)

@@ -34,11 +34,11 @@ def test_an_emulated_kind_drops_the_flags_it_lacks_and_cannot_be_above_the_cpu()
     assert kernels.emulated_flags(SAPPHIRE_RAPIDS, "avx512") == CASCADE_LAKE
     assert kernels.emulated_flags(SAPPHIRE_RAPIDS, "avx512_bf16") == ZEN4 | {"avx512_fp16"}
     assert kernels.emulated_flags(ZEN4, "avx512_bf16") == ZEN4
-    with pytest.raises(kernels.KernelConfigError, match=r"^host kind 'amx' cannot be emulated "
+    with pytest.raises(kernels.ConfigError, match=r"^host kind 'amx' cannot be emulated "
                        r"on this CPU, which is 'avx512': a host emulates its own kind or one "
                        r"below it \(avx2, avx512\)$"):
         kernels.emulated_flags(CASCADE_LAKE, "amx")
-    with pytest.raises(kernels.KernelConfigError, match=r"^host kind 'sse': expected one of "
+    with pytest.raises(kernels.ConfigError, match=r"^host kind 'sse': expected one of "
                        r"\('avx2', 'avx512', 'avx512_bf16', 'amx'\)$"):
         kernels.emulated_flags(AVX2, "sse")
 
@@ -121,7 +121,7 @@ def test_the_start_line_says_what_was_chosen_and_why():
 
 
 def test_an_unknown_choice_is_refused():
-    with pytest.raises(kernels.KernelConfigError, match=r"^train.kernel_choice must be one of "
+    with pytest.raises(kernels.ConfigError, match=r"^Runtime.kernel_choice must be one of "
                        r"\('auto', 'off'\), got 'fast'$"):
         kernels.choose(AVX2, {}, "narrow", "fast")
 
@@ -192,7 +192,7 @@ def test_the_runs_networks_and_choice_are_read_from_its_gin_files_without_tensor
     assert settings("sac_halfcheetah.gin") == ("wide", "auto")     # 256 x 256
     assert settings("dqn_cartpole.gin") == ("narrow", "auto")      # 128 x 128
     assert settings("ppo_cartpole.gin") == ("narrow", "auto")      # 64 x 64
-    assert settings("ppo_pong.gin", params=["train.kernel_choice = 'off'"]) == (
+    assert settings("ppo_pong.gin", params=["Runtime.kernel_choice = 'off'"]) == (
         "convolutional", "off")
     assert settings("dqn_cartpole.gin", params=["dqn_agent.fc_layer_params = (512,)"]) == (
         "wide", "auto")
@@ -205,18 +205,20 @@ def test_the_runs_networks_and_choice_are_read_from_its_gin_files_without_tensor
     bare = tmp_path / "bare.gin"
     for agent_fn, networks in (("@sac_agent", "wide"), ("@dqn_agent", "narrow"),
                                ("@my_agent", "narrow")):
-        bare.write_text(f"train.env_name = 'Pendulum-v1'\ntrain.agent_fn = {agent_fn}\n")
+        bare.write_text(f"Task.env_name = 'Pendulum-v1'\nTask.agent_fn = {agent_fn}\n")
         assert kernels.gin_settings([str(bare)]) == (networks, "auto")
     # A file gin cannot parse is left to gin's own error.
     broken = tmp_path / "broken.gin"
-    broken.write_text("train.num_envs = (\n")
+    broken.write_text("Layout.env_threads = (\n")
     assert kernels.gin_settings([str(broken)]) == ("narrow", "auto")
 
 
 def test_the_builders_widest_defaults_are_their_signatures():
     import inspect   # pylint: disable=import-outside-toplevel
     from alf_async.learning import agents   # pylint: disable=import-outside-toplevel
-    for builder, widest in kernels.BUILDER_WIDEST_DEFAULT.items():
+    read = kernels.builder_widest_default()
+    assert read == {"dqn_agent": 64, "sac_agent": 256, "ppo_agent": 64, "impala_agent": 64}
+    for builder, widest in read.items():
         parameters = inspect.signature(getattr(agents, builder)).parameters
         assert max(n for name, p in parameters.items() if name.endswith("fc_layer_params")
                    for n in p.default) == widest, builder
@@ -239,7 +241,7 @@ print(choice.onednn, _pywrap_util_port.IsMklEnabled())
 
 
 @pytest.mark.parametrize("environ, bindings", [
-    ({}, []), ({"ALF_ASYNC_HOST_KIND": "avx2"}, ["train.kernel_choice = 'off'"]),
+    ({}, []), ({"ALF_ASYNC_HOST_KIND": "avx2"}, ["Runtime.kernel_choice = 'off'"]),
     ({"ALF_ASYNC_HOST_KIND": "avx2"}, []), ({"TF_ENABLE_ONEDNN_OPTS": "0"}, [])])
 def test_tensorflow_runs_the_kernels_chosen(environ, bindings):
     proc = subprocess.run([sys.executable, "-c", CHILD, os.path.join(GIN_CONFIGS, "ppo_pong.gin"),
@@ -260,9 +262,9 @@ def test_the_cli_refuses_a_kernel_setting_that_cannot_apply_in_one_line(tmp_path
     root = str(tmp_path / "run")
     gin_file = os.path.join(GIN_CONFIGS, "dqn_cartpole.gin")
     proc = _train(["--root_dir", root, "--gin_file", gin_file,
-                   "--gin_param", "train.kernel_choice = 'fast'"])
+                   "--gin_param", "Runtime.kernel_choice = 'fast'"])
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == ("alf-async-train: error: train.kernel_choice must be one of "
+    assert proc.stderr == ("alf-async-train: error: Runtime.kernel_choice must be one of "
                            "('auto', 'off'), got 'fast'\n")
     proc = _train(["--root_dir", root, "--gin_file", gin_file], {"ALF_ASYNC_HOST_KIND": "sse"})
     assert (proc.returncode, proc.stdout) == (2, "")

@@ -62,7 +62,7 @@ def test_learner_ops_tiny_ppo_run_on_the_emulated_kind_records_it(tmp_path):
     assert (record["floor_batch"], record["floor_gradient_steps"]) == (256, 16)
     assert record["floor_ms"] > 0 and "floor" in proc.stdout
     # What ran: the emulated kind, TensorFlow's defaults there.
-    assert record["gin_bindings"] == ["train.kernel_choice = 'off'"]
+    assert record["gin_bindings"] == ["Runtime.kernel_choice = 'off'"]
     chosen = record["host"]["kernels"]
     assert (chosen["emulated_kind"], chosen["onednn"], chosen["choice"]) == ("avx2", False, "off")
     assert chosen["variables"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"

@@ -16,13 +16,13 @@ from test_trainer import read_scalars  # noqa: E402
 # = 16 env steps and 16 train steps per iteration; training starts at
 # iteration 4 (64 random env steps) and runs through iteration 14.
 SHORT = [
-    "train.num_env_steps = 224",
-    "train.initial_collect_steps = 64",
+    "Schedule.num_env_steps = 224",
+    "Schedule.initial_collect_steps = 64",
     "UniformReplayer.capacity_per_row = 1000",
     "alf_async.environments.suites.load.max_episode_steps = 50",  # training and eval envs
-    "train.num_eval_episodes = 2",
-    "train.eval_interval = 64",            # train steps: evaluations at 64 and 128
-    "train.summary_interval = 16",
+    "Evaluation.episodes = 2",
+    "Evaluation.interval = 64",            # train steps: evaluations at 64 and 128
+    "Outputs.summary_interval = 16",
 ]
 
 
@@ -49,6 +49,6 @@ def test_short_halfcheetah_run_reaches_the_learner_and_evaluates(tmp_path):
     assert [v for _, v in evaluation["Metrics/AverageEpisodeLength"]] == [50.0, 50.0]
 
     config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
-    assert "train.env_name = 'HalfCheetah-v5'" in config
-    assert "train.greedy_eval = True" in config
-    assert "train.random_initial_collect = True" in config
+    assert "Task.env_name = 'HalfCheetah-v5'" in config
+    assert "Evaluation.greedy = True" in config
+    assert "Schedule.random_initial_collect = True" in config

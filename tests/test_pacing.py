@@ -130,8 +130,8 @@ def test_ppo_cartpole_paced_one_batch_ahead_lags_at_most_one_batch(tmp_path):
     # links them): at most 32 steps after. (Unpaced, the first 8 batches
     # lagged up to 48.)
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [
-        "train.batches_ahead = 1", "train.num_iterations = 8", "train.num_eval_episodes = 0",
-        "train.stop_at_eval_return = None"], timeout=140, env=ENV)
+        "Schedule.batches_ahead = 1", "Schedule.num_iterations = 8", "Evaluation.episodes = 0",
+        "Evaluation.stop_at_return = None"], timeout=140, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     most = [v for _, v in read_scalars(str(tmp_path / "train"))["Learner/policy_lag_max"]]
     assert len(most) >= 8 and 16 <= max(most) <= 32, most
@@ -140,13 +140,13 @@ def test_ppo_cartpole_paced_one_batch_ahead_lags_at_most_one_batch(tmp_path):
 @pytest.mark.timeout(150)
 def test_train_refuses_a_pacing_that_leaves_an_env_thread_idle(tmp_path):
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [
-        "train.num_envs = 2", "train.env_batch_size = 8", "train.actor_queue_cap = 2",
-        "train.batches_ahead = 1", "train.learn_queue_cap = 1"], timeout=140, env=ENV)
+        "Layout.env_threads = 2", "Layout.rows_per_env_thread = 8", "Layout.actor_queue_cap = 2",
+        "Schedule.batches_ahead = 1", "Schedule.rows_per_batch = 8"], timeout=140, env=ENV)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if "alf-async-train: error:" in line]
-    assert lines == ["alf-async-train: error: train.batches_ahead = 1 lets 1 x "
-                     "train.learn_queue_cap 1 unrolls be collected at once, fewer than the 2 "
-                     "env threads (train.num_envs): raise one of them"], proc.stderr[-2000:]
+    assert lines == ["alf-async-train: error: Schedule.batches_ahead = 1 lets 1 batches of "
+                     "1 env threads' unrolls be collected at once, fewer than the 2 env "
+                     "threads (Layout.env_threads): raise one of them"], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -163,9 +163,8 @@ def test_the_atari_ppo_files_act_in_one_paced_env_thread_on_ppo2s_batches(gin_fi
         gin.parse_config_files_and_bindings([os.path.join(gin_configs, gin_file)], [],
                                             skip_unknown=True)
         q = gin.query_parameter
-        assert (q("train.num_envs"), q("train.env_batch_size"), q("train.num_actor_queues"),
-                q("train.batches_ahead"), q("suite_envpool.stepping")) == (1, 8, 0, 1, "lockstep")
-        assert q("train.learn_queue_cap") * q("train.env_batch_size") * q(
-            "train.unroll_length") == 8 * 128
+        assert (q("Layout.env_threads"), q("Layout.rows_per_env_thread"), q("Layout.actor_queues"),
+                q("Schedule.batches_ahead"), q("suite_envpool.stepping")) == (1, 8, 0, 1, "lockstep")
+        assert q("Schedule.rows_per_batch") * q("Schedule.unroll_length") == 8 * 128
     finally:
         gin.clear_config()

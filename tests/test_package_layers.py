@@ -14,6 +14,7 @@ Every `import` in alf_async (module level or inside a function) is read with
     tf215_py311_fixes, _lazy,    workarounds for the pinned stack; lazy exports;
     kernels, roles               TensorFlow's kernels, chosen before it is imported;
                                  the roles of a run, named
+    errors                       the one ConfigError (imports nothing)
 
 A module may import its own package and any layer below its own; `testing`
 (the fakes tests and benchmarks share) may import only environments, and
@@ -36,6 +37,7 @@ LAYERS = {
     "tf215_py311_fixes": 0,
     "kernels": 0,
     "roles": 0,
+    "errors": -1,
     "environments": 1,
     "driver": 2,
     "learning": 3,
@@ -43,6 +45,7 @@ LAYERS = {
     "serving": 4,
     "resume": 5,
     "train_checks": 5,
+    "settings": 5,
     "trainer": 6,
     "bin": 7,
 }

@@ -38,14 +38,14 @@ ENV.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI must silence TF's banner by its
 ENV.pop("RAY_AUTH_MODE", None)  # Ray as a new user has it: the mode unset
 
 # One iteration, its progress line at the end, no evaluation due.
-ONE_ITERATION = ["train.num_iterations = 1", "train.log_interval_secs = 1e9",
-                 "train.eval_interval = 1000000000"]
+ONE_ITERATION = ["Schedule.num_iterations = 1", "Outputs.log_interval_secs = 1e9",
+                 "Evaluation.interval = 1000000000"]
 # The pixel replay (1M frames) would make the checkpoint at exit the longest
 # part of the run; its size does not change the start.
 SMALL_PIXEL_REPLAY = ["PixelReplayer.capacity_per_row = 1000"]
 # A PPO iteration of 128-step unrolls is most of its run (~10 s of CPU);
 # the start is the same with 16 (the minibatches still divide the batch).
-SHORT_UNROLLS = ["train.unroll_length = 16"]
+SHORT_UNROLLS = ["Schedule.unroll_length = 16"]
 
 
 def _needs(module, extra):
@@ -79,7 +79,7 @@ WAITING = {
     "dqn_cartpole_serving.gin": ((), ["make_serving_env_constructor.port = 0"],
                                  r"\[alf_async\] serving on http://127\.0\.0\.1:\d+ \(written "
                                  r"to {root_dir}/server_address\)"),
-    "sac_pendulum_distributed.gin": (("reverb",), ["train.collector_launcher = 'none'"],
+    "sac_pendulum_distributed.gin": (("reverb",), ["Collectors.launcher = 'none'"],
                                      r"\[alf_async\] collectors connect to (\S+:\d+) \(written "
                                      r"to {root_dir}/replay_address\): alf-async-collect "
                                      r"--replay_address \1 --gin_file \.\.\."),

@@ -81,7 +81,7 @@ def test_a_finished_run_says_so_and_starts_nothing(finished_run):
     proc = train_cli(root_dir)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.splitlines() == [
-        f"[alf_async] {root_dir} is finished: train.num_iterations = 40 reached (iteration 40, "
+        f"[alf_async] {root_dir} is finished: Schedule.num_iterations = 40 reached (iteration 40, "
         f"train step 74, env steps 320); nothing to do. Raise the limit to train on, or use a "
         f"new --root_dir to start fresh"]
     assert listing(root_dir) == before  # no operative config, checkpoint or summary
@@ -89,7 +89,7 @@ def test_a_finished_run_says_so_and_starts_nothing(finished_run):
 
 def test_a_solved_run_says_so(resumable):
     # A return of 1 is reached at the first evaluation (train step 80).
-    params = ("train.num_iterations = 1000", "train.stop_at_eval_return = 1.0")
+    params = ("Schedule.num_iterations = 1000", "Evaluation.stop_at_return = 1.0")
     proc = train_cli(resumable, *params)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[alf_async] stopped (stop_at_eval_return) at iteration " in proc.stdout
@@ -100,7 +100,7 @@ def test_a_solved_run_says_so(resumable):
     assert again.returncode == 0 and again.stderr == ""
     assert again.stdout.splitlines() == [
         f"[alf_async] {resumable} is finished: solved at train step 80 (evaluation "
-        f"AverageReturn {solved_return:.1f} >= train.stop_at_eval_return = 1) (iteration 43, "
+        f"AverageReturn {solved_return:.1f} >= Evaluation.stop_at_return = 1) (iteration 43, "
         f"train step 80, env steps 344); nothing to do. Raise the limit to train on, or use a "
         f"new --root_dir to start fresh"]
     assert listing(resumable) == before
@@ -111,8 +111,8 @@ def test_a_solved_run_says_so(resumable):
 def test_a_changed_learning_rate_applies_over_the_checkpoint(finished_run, resumable):
     adam_steps = latest(finished_run[0]).get_tensor(ADAM_STEP_KEY)
     assert latest(finished_run[0]).get_tensor(LR_KEY) == np.float32(0.001)
-    proc = train_cli(resumable, "train.num_iterations = 44", "dqn_agent.learning_rate = 0.0123",
-                     "train.inter_op_threads = 1")
+    proc = train_cli(resumable, "Schedule.num_iterations = 44", "dqn_agent.learning_rate = 0.0123",
+                     "Runtime.inter_op_threads = 1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("[alf_async] the config's value applies: dqn_agent.learning_rate = 0.0123 "
             "(the checkpoint had 0.001)") in proc.stdout.splitlines()
@@ -123,12 +123,12 @@ def test_a_changed_learning_rate_applies_over_the_checkpoint(finished_run, resum
     newest = max(glob.glob(str(resumable / "operative_config-*.gin")), key=os.path.getmtime)
     with open(newest) as f:
         assert "dqn_agent.learning_rate = 0.0123\n" in f.read()
-    # train.inter_op_threads reached TF: the driver's hint counts 1 thread and
+    # Runtime.inter_op_threads reached TF: the driver's hint counts 1 thread and
     # names the binding that fixes it.
     [hint] = proc.stderr.splitlines()
     assert hint.startswith("TF has 1 inter-op threads for 1 graph-mode environment steps at a "
                            "time (of 2 env threads) and 1 actor threads")
-    assert "--gin_param 'train.inter_op_threads = 2'" in hint
+    assert "--gin_param 'Runtime.inter_op_threads = 2'" in hint
 
 
 def test_an_incompatible_config_fails_with_one_line_naming_every_difference(finished_run):
@@ -136,13 +136,14 @@ def test_an_incompatible_config_fails_with_one_line_naming_every_difference(fini
     # four, and the line names each, in CHECKPOINT_SHAPING_BINDINGS' order.
     root_dir, _ = finished_run
     before = listing(root_dir)
-    proc = train_cli(root_dir, "train.num_iterations = 1000", "dqn_agent.fc_layer_params = (32,)",
-                     "train.num_envs = 1", "train.env_batch_size = 4",
+    proc = train_cli(root_dir, "Schedule.num_iterations = 1000",
+                     "dqn_agent.fc_layer_params = (32,)", "Layout.env_threads = 1",
+                     "Layout.rows_per_env_thread = 4", "Schedule.rows_per_batch = 4",
                      "UniformReplayer.capacity_per_row = 100")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"alf-async-train: error: --root_dir {root_dir} holds a checkpoint this config cannot "
-        f"resume (train.num_envs was 2, this config says 1; train.env_batch_size was 2, this "
+        f"resume (Layout.env_threads was 2, this config says 1; Layout.rows_per_env_thread was 2, this "
         f"config says 4; UniformReplayer.capacity_per_row was 200, this config says 100; "
         f"dqn_agent.fc_layer_params was (16,), this config says (32,)): a new --root_dir "
         f"starts fresh"]

@@ -124,7 +124,7 @@ def test_checkpoint_restores_the_items_in_a_new_server(tmp_path):
 
 def reverb_smoke(extra=()):
     gin.parse_config_files_and_bindings([SMOKE_GIN], [
-        "train.replayer_fn = @ReverbReplayer",
+        "Task.replayer_fn = @ReverbReplayer",
         "ReverbReplayer.sequence_length = 2",
         # 2 train steps x 16 windows per iteration of 1 unroll x 2 envs x 4 steps = 8 inserts.
         "replay_table.samples_per_insert = 4.0",
@@ -148,7 +148,7 @@ def test_trainer_trains_from_reverb_and_checkpoints_the_table(tmp_path):
     assert glob.glob(str(tmp_path / "replay" / "*")), "no Reverb checkpoint in root_dir/replay"
     # Resume: the table comes back from root_dir/replay, training goes on at once.
     gin.clear_config()
-    reverb_smoke(["train.num_iterations = 42"])
+    reverb_smoke(["Schedule.num_iterations = 42"])
     lines = []
     result = trainer.train(str(tmp_path), print_fn=lines.append)
     assert result.iterations == 42

@@ -53,8 +53,8 @@ def test_serving_job_learns_from_a_client_and_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(
         trainer_args(root_dir, "make_serving_env_constructor.port = 0",
                      "make_serving_env_constructor.token = 's3cret'",
-                     "train.initial_collect_steps = 256", "train.num_eval_episodes = 0",
-                     "train.log_interval_secs = 0.2"),
+                     "Schedule.initial_collect_steps = 256", "Evaluation.episodes = 0",
+                     "Outputs.log_interval_secs = 0.2"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     lines, trained = [], threading.Event()
 

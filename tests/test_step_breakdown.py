@@ -133,10 +133,10 @@ def test_step_breakdown_tiny_ppo_run(tmp_path):
 @pytest.mark.parametrize("bindings, side, rows", [
     ([], "alf_async", 8),                       # ppo_pong.gin: one env thread of 8 acting itself
     ([], "tf_agents", 8),
-    (["train.num_envs = 2", "train.env_batch_size = 4", "train.num_actor_queues = 1",
-      "train.actor_queue_cap = 2"], "alf_async", 8),   # an actor batching 2 env threads of 4
-    (["train.num_envs = 2", "train.env_batch_size = 4", "train.num_actor_queues = 2"],
-     "alf_async", 4),                           # actor_queue_cap unbound: train()'s 1
+    (["Layout.env_threads = 2", "Layout.rows_per_env_thread = 4", "Layout.actor_queues = 1",
+      "Layout.actor_queue_cap = 2"], "alf_async", 8),   # an actor batching 2 env threads of 4
+    (["Layout.env_threads = 2", "Layout.rows_per_env_thread = 4", "Layout.actor_queues = 2"],
+     "alf_async", 4),                           # actor_queue_cap unbound: Layout's 1
 ])
 def test_forward_rows_follow_the_layout_the_gin_file_gives(bindings, side, rows):
     import gin

@@ -33,7 +33,7 @@ def error_line(proc):
 @pytest.mark.parametrize("param, named", [
     ("nosuch.param = 1", "No configurable matching 'nosuch'"),
     ("train.nosuch = 1", "'train' doesn't have a parameter named 'nosuch'"),
-    ("train.num_iterations = -5", "train.num_iterations must be"),
+    ("Schedule.num_iterations = -5", "Schedule.num_iterations must be"),
 ])
 def test_bad_bindings_fail_at_once_with_one_line(tmp_path, param, named):
     proc = run(cli("--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN, "--gin_param", param))
@@ -67,8 +67,8 @@ def _console_script():
 def test_signal_stops_writes_a_checkpoint_and_exits_0(tmp_path, sig):
     proc = subprocess.Popen(
         _console_script() + ["--root_dir", str(tmp_path), "--gin_file", SMOKE_GIN,
-                             "--gin_param", "train.num_iterations = 1000000",
-                             "--gin_param", "train.log_interval_secs = 0.2"],
+                             "--gin_param", "Schedule.num_iterations = 1000000",
+                             "--gin_param", "Outputs.log_interval_secs = 0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     # Once the learner trains (a progress line with a loss).
     output, elapsed, _ = signal_when_ready(
@@ -137,8 +137,8 @@ def test_crash_exits_nonzero_with_the_original_error(tmp_path):
         "tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv("
         "[Failing(gym.make(name)) for _ in range(batch_size)], seed=seed)))\n")
     config = tmp_path / "failing.gin"
-    config.write_text("import failing_suite\ntrain.suite = 'failing_gym'\n"
-                      "train.num_eval_episodes = 0\ntrain.num_iterations = 1000000\n")
+    config.write_text("import failing_suite\nTask.suite = 'failing_gym'\n"
+                      "Evaluation.episodes = 0\nSchedule.num_iterations = 1000000\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     proc = subprocess.run(
         cli("--root_dir", str(tmp_path / "run"), "--gin_file", SMOKE_GIN, "--gin_file",

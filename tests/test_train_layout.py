@@ -1,4 +1,4 @@
-"""train.layout: 'auto' measures this run's environments and policy, runs
+"""Layout.choice: 'auto' measures this run's environments and policy, runs
 the fastest layout, writes it into the operative config, and a resumed run
 reuses it without measuring; a given layout runs as given; bad layouts are
 refused with one line before anything starts."""
@@ -15,6 +15,7 @@ import gin
 import pytest
 
 from alf_async import trainer
+from alf_async import settings
 from alf_async.driver.layout import parse_layout
 from conftest import signal_when_ready  # noqa: E402
 from test_subprocess_env import _process_table  # noqa: E402  (tests/ is on sys.path)
@@ -40,11 +41,11 @@ def _latest_config(root_dir):
 
 def test_auto_runs_the_fastest_writes_it_and_a_resumed_run_reuses_it(tmp_path):
     with gin.unlock_config():
-        gin.bind_parameter("train.layout", "auto")
+        gin.bind_parameter("Layout.choice", "auto")
     lines = []
-    first = trainer.train(str(tmp_path), layout_budget_secs=6.0, num_iterations=8,
-                          print_fn=lines.append)
-    chosen = [line for line in lines if line.endswith("(train.layout = 'auto')")]
+    first = trainer.train(str(tmp_path), layout=settings.Layout(auto_budget_secs=6.0),
+                          schedule=settings.Schedule(num_iterations=8), print_fn=lines.append)
+    chosen = [line for line in lines if line.endswith("(Layout.choice = 'auto')")]
     assert len(chosen) == 1, lines
     match = re.match(r"\[alf_async\] layout (.+?): [\d,]+ env steps/s, the fastest of (\d+) "
                      r"measured in ([\d.]+) s", chosen[0])
@@ -56,20 +57,22 @@ def test_auto_runs_the_fastest_writes_it_and_a_resumed_run_reuses_it(tmp_path):
     assert float(match.group(3)) < 6.0 + 5.0
     assert first.stopped_by == "num_iterations" and first.env_steps == 8 * 2 * 4
     config = _latest_config(str(tmp_path))
-    assert f"train.layout = {name!r}" in config and "train.layout = 'auto'" not in config
+    assert f"Layout.choice = {name!r}" in config and "Layout.choice = 'auto'" not in config
     lines = []
-    second = trainer.train(str(tmp_path), num_iterations=12, print_fn=lines.append)
-    assert (f"[alf_async] layout {name}: chosen when this run started (train.layout = "
+    second = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=12),
+                           print_fn=lines.append)
+    assert (f"[alf_async] layout {name}: chosen when this run started (Layout.choice = "
             f"'auto'), not measured again") in lines
     assert not any("the fastest of" in line for line in lines)
     assert second.env_steps == 12 * 2 * 4
-    assert f"train.layout = {name!r}" in _latest_config(str(tmp_path))
+    assert f"Layout.choice = {name!r}" in _latest_config(str(tmp_path))
 
 
 def test_a_given_layout_runs_as_given_with_the_learner_batch_kept(tmp_path):
     lines = []
-    result = trainer.train(str(tmp_path), layout="4x1, 2 actor queues (cap 2), in process",
-                           num_iterations=5, print_fn=lines.append)
+    result = trainer.train(str(tmp_path),
+                           layout=settings.Layout(choice="4x1, 2 actor queues (cap 2), in process"),
+                           schedule=settings.Schedule(num_iterations=5), print_fn=lines.append)
     # The learner batch keeps its 2 rows: 2 unrolls of 1 row, 4 steps each.
     assert result.env_steps == 5 * 2 * 4
     assert not [line for line in lines if line.startswith("[alf_async] layout") or
@@ -80,8 +83,9 @@ def test_a_run_whose_env_threads_act_themselves_trains_as_the_threaded_one_does(
     steps = {}
     for queues in (0, 1):
         with gin.unlock_config():
-            gin.bind_parameter("train.num_actor_queues", queues)
-        result = trainer.train(str(tmp_path / str(queues)), num_iterations=6,
+            gin.bind_parameter("Layout.actor_queues", queues)
+        result = trainer.train(str(tmp_path / str(queues)),
+                               schedule=settings.Schedule(num_iterations=6),
                                print_fn=lambda line: None)
         assert result.stopped_by == "num_iterations"
         steps[queues] = (result.env_steps, int(result.global_step))
@@ -90,19 +94,20 @@ def test_a_run_whose_env_threads_act_themselves_trains_as_the_threaded_one_does(
 
 
 @pytest.mark.parametrize("layout, message", [
-    ("2x8", "train.layout must be None, 'auto' or a layout: a layout looks like '2x8, 1 actor "
+    ("2x8", "Layout.choice must be None, 'auto' or a layout: a layout looks like '2x8, 1 actor "
             "queue (cap 2), in process' (or 'no actor queue'; 'in child processes'; ', receives "
             "of 4' for EnvPool), got '2x8'"),
     ("1x8, 1 actor queue (cap 1), in process",
-     "train.layout '1x8, 1 actor queue (cap 1), in process' has 8 environments; "
-     "train.num_envs x train.env_batch_size = 4"),
+     "Layout.choice '1x8, 1 actor queue (cap 1), in process' has 8 environments; "
+     "Layout.env_threads x Layout.rows_per_env_thread = 4"),
     ("1x4, 1 actor queue (cap 1), in process",
-     "train.layout '1x4, 1 actor queue (cap 1), in process': its env batch size 4 does not "
-     "divide the learner batch's 2 rows (train.learn_queue_cap x train.env_batch_size)"),
+     "Layout.choice '1x4, 1 actor queue (cap 1), in process': its env batch size 4 does not "
+     "divide the learner batch's 2 rows (Schedule.rows_per_batch)"),
 ])
 def test_a_bad_layout_is_refused_with_one_line_before_anything_runs(tmp_path, layout, message):
     with pytest.raises(trainer.ConfigError) as raised:
-        trainer.train(str(tmp_path), layout=layout, print_fn=lambda line: None)
+        trainer.train(str(tmp_path), layout=settings.Layout(choice=layout),
+                      print_fn=lambda line: None)
     assert str(raised.value).splitlines()[0] == message   # gin adds the configurable's name
     assert not glob.glob(os.path.join(str(tmp_path), "train", "checkpoint"))
 
@@ -111,10 +116,11 @@ def test_a_stop_while_measuring_runs_nothing(tmp_path):
     stop = threading.Event()
     stop.set()
     lines = []
-    result = trainer.train(str(tmp_path), layout="auto", stop_event=stop, print_fn=lines.append)
+    result = trainer.train(str(tmp_path), layout=settings.Layout(choice="auto"), stop_event=stop,
+                           print_fn=lines.append)
     assert result.stopped_by == "stop_event" and result.global_step == 0
     assert lines == [
-        "[alf_async] train.layout = 'auto': measuring layouts of 4 environments for up to 20 s",
+        "[alf_async] Layout.choice = 'auto': measuring layouts of 4 environments for up to 20 s",
         "[alf_async] stopped (stop_event) while measuring layouts; nothing was run"]
     assert not glob.glob(os.path.join(str(tmp_path), "operative_config-*.gin"))
 
@@ -144,8 +150,8 @@ def test_sigint_while_measuring_exits_0_and_leaves_no_process_behind(tmp_path):
     # the candidates: whatever processes the measuring started must be gone.
     proc = subprocess.Popen(
         [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(tmp_path),
-         "--gin_file", SMOKE_GIN, "--gin_param", "train.layout = 'auto'",
-         "--gin_param", "train.layout_budget_secs = 60.0"],
+         "--gin_file", SMOKE_GIN, "--gin_param", "Layout.choice = 'auto'",
+         "--gin_param", "Layout.auto_budget_secs = 60.0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
 
     def after_four_seconds():
@@ -154,7 +160,7 @@ def test_sigint_while_measuring_exits_0_and_leaves_no_process_behind(tmp_path):
 
     output, elapsed, below = signal_when_ready(
         proc, lambda line: line.startswith(
-            "[alf_async] train.layout = 'auto': measuring layouts"),
+            "[alf_async] Layout.choice = 'auto': measuring layouts"),
         before_signal=after_four_seconds)
     assert proc.returncode == 0, output[-3000:]
     assert elapsed < 10

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from alf_async import AsyncOffPolicyDriver, trainer
+from alf_async import settings
 
 from alf_async.learning import agents, replayers
 from alf_async.environments import gym_batch, suites
@@ -80,7 +81,7 @@ def test_smoke_run_reaches_the_learner_and_writes_everything(tmp_path, smoke_gin
     assert len(result.evaluations) == result.global_step // 20
     assert glob.glob(str(tmp_path / "operative_config-*.gin"))
     config = open(glob.glob(str(tmp_path / "operative_config-*.gin"))[0]).read()
-    assert "train.num_envs = 2" in config
+    assert "Layout.env_threads = 2" in config
     assert tf.train.latest_checkpoint(str(tmp_path / "train")).endswith(
         f"ckpt-{result.global_step}")
     assert any("iteration" in line and "env steps" in line and "loss" in line for line in lines)
@@ -91,7 +92,7 @@ def test_rates_have_one_point_per_train_step_and_none_over_an_empty_interval(tmp
     # Stopped by the first evaluation (train step 20, a multiple of the summary
     # interval of 10): the run's final write falls on the train step of the
     # regular one just before it, an interval with no steps.
-    result = trainer.train(str(tmp_path), stop_at_eval_return=0.0,
+    result = trainer.train(str(tmp_path), evaluation=settings.Evaluation(stop_at_return=0.0),
                            print_fn=lambda line: None)
     assert result.stopped_by == "stop_at_eval_return" and result.global_step == 20
     train = read_scalars(str(tmp_path / "train"))
@@ -104,10 +105,12 @@ def test_rates_have_one_point_per_train_step_and_none_over_an_empty_interval(tmp
 
 
 def test_checkpoint_resume_continues_counters(tmp_path, smoke_gin):
-    first = trainer.train(str(tmp_path), num_iterations=12, print_fn=lambda line: None)
+    first = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=12),
+                          print_fn=lambda line: None)
     assert first.global_step > 0
     lines = []
-    second = trainer.train(str(tmp_path), num_iterations=20, print_fn=lines.append)
+    second = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=20),
+                           print_fn=lines.append)
     assert any("resumed" in line for line in lines)
     assert second.iterations == 20
     assert second.env_steps == 20 * 8
@@ -118,15 +121,16 @@ def test_checkpoint_resume_continues_counters(tmp_path, smoke_gin):
     assert steps == sorted(steps) and env_steps == sorted(env_steps)
     assert env_steps[-1] > env_steps[0]
     # A finished run resumed again stops at once, without training.
-    third = trainer.train(str(tmp_path), num_iterations=20, print_fn=lambda line: None)
+    third = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=20),
+                          print_fn=lambda line: None)
     assert (third.global_step, third.iterations) == (second.global_step, 20)
 
 
 def test_stop_event_stops_cleanly_with_a_checkpoint(tmp_path, smoke_gin):
     stop = threading.Event()
     stop.set()
-    result = trainer.train(str(tmp_path), num_iterations=10**6, print_fn=lambda line: None,
-                           stop_event=stop)
+    result = trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=10**6),
+                           print_fn=lambda line: None, stop_event=stop)
     assert result.stopped_by == "stop_event"
     assert tf.train.latest_checkpoint(str(tmp_path / "train")) is not None
 
@@ -150,21 +154,22 @@ def test_a_crash_in_an_env_thread_raises_the_original_error_after_stopping(tmp_p
             [_FailingCartPole(gym.make(name), 50) for _ in range(batch_size)], seed=seed))))
     before = set(threading.enumerate())
     with pytest.raises(KeyError, match="injected env failure"):
-        trainer.train(str(tmp_path), suite="failing_gym", num_iterations=10**6,
-                      num_eval_episodes=0, print_fn=lambda line: None)
+        trainer.train(str(tmp_path), task=settings.Task(suite="failing_gym"),
+                      schedule=settings.Schedule(num_iterations=10**6),
+                      evaluation=settings.Evaluation(episodes=0), print_fn=lambda line: None)
     leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert not leftover, leftover
 
 
 def test_bad_values_fail_before_anything_starts(tmp_path, smoke_gin):
-    with pytest.raises(trainer.ConfigError, match="train.num_iterations"):
-        trainer.train(str(tmp_path), num_iterations=-1)
-    with pytest.raises(trainer.ConfigError, match="num_iterations or train.num_env_steps"):
-        trainer.train(str(tmp_path), num_iterations=None)
+    with pytest.raises(trainer.ConfigError, match="Schedule.num_iterations"):
+        trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=-1))
+    with pytest.raises(trainer.ConfigError, match="num_iterations or Schedule.num_env_steps"):
+        trainer.train(str(tmp_path), schedule=settings.Schedule(num_iterations=None))
     with pytest.raises(trainer.ConfigError, match="unknown environment suite 'nope'"):
-        trainer.train(str(tmp_path), suite="nope")
+        trainer.train(str(tmp_path), task=settings.Task(suite="nope"))
     with pytest.raises(trainer.ConfigError, match="NoSuchEnv-v0"):
-        trainer.train(str(tmp_path), env_name="NoSuchEnv-v0")
+        trainer.train(str(tmp_path), task=settings.Task(env_name="NoSuchEnv-v0"))
     assert not os.path.exists(tmp_path / "train" / "checkpoint")
 
 
@@ -177,8 +182,8 @@ def test_environment_restarts_are_summarised(tmp_path, smoke_gin):
     suites.register_suite("restarted_gym", lambda name, batch_size, seed: (
         tf_py_environment.TFPyEnvironment(_RestartedGymEnvs(
             [gym.make(name) for _ in range(batch_size)], seed=seed))))
-    trainer.train(str(tmp_path), suite="restarted_gym", num_iterations=12,
-                  print_fn=lambda line: None)
+    trainer.train(str(tmp_path), task=settings.Task(suite="restarted_gym"),
+                  schedule=settings.Schedule(num_iterations=12), print_fn=lambda line: None)
     restarts = read_scalars(str(tmp_path / "train"))["Env/restarts"]
     assert restarts[-1][1] == 3 * 2  # two env threads
 
@@ -193,11 +198,12 @@ class _BatchRowsRecorded(replayers.OneTimeReplayer):
 
 
 def test_one_time_replayer_reaches_the_learner(tmp_path, smoke_gin):
-    """Given the learner's batch rows (learn_queue_cap 1 x env batch 2 of
-    the 4 rows), so the train iteration is traced before the first batch."""
+    """Given the learner's batch rows (Schedule.rows_per_batch 2 of the 4
+    rows), so the train iteration is traced before the first batch."""
     _BatchRowsRecorded.given = []
-    result = trainer.train(str(tmp_path), replayer_fn=_BatchRowsRecorded,
-                           num_iterations=10, train_steps_per_iteration=1,
+    result = trainer.train(str(tmp_path), task=settings.Task(replayer_fn=_BatchRowsRecorded),
+                           schedule=settings.Schedule(num_iterations=10,
+                                                      train_steps_per_iteration=1),
                            print_fn=lambda line: None)
     assert result.global_step == 10 - 32 // 8 + 1
     assert _BatchRowsRecorded.given == [2]
@@ -206,9 +212,12 @@ def test_one_time_replayer_reaches_the_learner(tmp_path, smoke_gin):
 def test_sac_plugs_in(tmp_path):
     agent_fn = functools.partial(agents.sac_agent, actor_fc_layer_params=(16,),
                                  critic_joint_fc_layer_params=(16,))
-    result = trainer.train(str(tmp_path), env_name="Pendulum-v1", agent_fn=agent_fn,
-                           num_iterations=6, unroll_length=4, initial_collect_steps=8,
-                           sample_batch_size=8, num_eval_episodes=1, eval_interval=4,
+    result = trainer.train(str(tmp_path),
+                           task=settings.Task(env_name="Pendulum-v1", agent_fn=agent_fn),
+                           schedule=settings.Schedule(num_iterations=6, unroll_length=4,
+                                                      initial_collect_steps=8,
+                                                      sample_batch_size=8),
+                           evaluation=settings.Evaluation(episodes=1, interval=4),
                            print_fn=lambda line: None)
     assert result.global_step == 5
     train = read_scalars(str(tmp_path / "train"))

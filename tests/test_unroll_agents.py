@@ -13,6 +13,7 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory
 
 from alf_async import AsyncOffPolicyDriver
+from alf_async import settings
 from alf_async.environments import suites
 from alf_async.learning import agents
 from alf_async.learning.learner import Learner
@@ -282,14 +283,18 @@ def test_ppo_on_pixels_learns_catch(tmp_path):
                         ("entropy_regularization", 0.01)):
         gin.bind_parameter(f"PPOClipAgent.{name}", value)
     try:
+        agent_fn = functools.partial(agents.ppo_agent, conv_layer_params=((8, 3, 1),),
+                                     actor_fc_layer_params=(32,), value_fc_layer_params=(32,),
+                                     learning_rate=1e-3)
         result = trainer.train(
-            str(tmp_path), env_name="catch", suite="pixel_catch", seed=0,
-            agent_fn=functools.partial(agents.ppo_agent, conv_layer_params=((8, 3, 1),),
-                                       actor_fc_layer_params=(32,), value_fc_layer_params=(32,),
-                                       learning_rate=1e-3),
-            replayer_fn=OneTimeReplayer, num_envs=2, env_batch_size=8, unroll_length=16,
-            learn_queue_cap=2, num_env_steps=60_000, num_eval_episodes=16, eval_interval=32,
-            stop_at_eval_return=0.9, print_fn=lambda line: None)
+            str(tmp_path),
+            task=settings.Task(env_name="catch", suite="pixel_catch", agent_fn=agent_fn,
+                               replayer_fn=OneTimeReplayer),
+            layout=settings.Layout(env_threads=2, rows_per_env_thread=8),
+            schedule=settings.Schedule(unroll_length=16, rows_per_batch=16,
+                                       num_env_steps=60_000),
+            evaluation=settings.Evaluation(episodes=16, interval=32, stop_at_return=0.9),
+            runtime=settings.Runtime(seed=0), print_fn=lambda line: None)
     finally:
         gin.clear_config()
     assert result.stopped_by == "stop_at_eval_return", result.evaluations[-3:]

@@ -19,7 +19,7 @@ from test_trainer import read_scalars  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-QUIET_THREADS = "train.inter_op_threads = 3"
+QUIET_THREADS = "Runtime.inter_op_threads = 3"
 
 
 def test_ppo_cartpole_learns_and_reports_the_policy_lag(tmp_path):
@@ -53,11 +53,11 @@ def test_ppo_cartpole_learns_and_reports_the_policy_lag(tmp_path):
 
 
 @pytest.mark.parametrize("param, named", [
-    ("train.replayer_fn = @UniformReplayer",
-     "MinibatchPPOClipAgent trains on each batch of unrolls once: set train.replayer_fn = "
+    ("Task.replayer_fn = @UniformReplayer",
+     "MinibatchPPOClipAgent trains on each batch of unrolls once: set Task.replayer_fn = "
      "@OneTimeReplayer (got UniformReplayer, a replay buffer)"),
-    ("train.train_steps_per_iteration = 4", "train.train_steps_per_iteration must be 1, got 4"),
-    ("train.initial_collect_steps = 1000", "train.initial_collect_steps must be 0, got 1000"),
+    ("Schedule.train_steps_per_iteration = 4", "Schedule.train_steps_per_iteration must be 1, got 4"),
+    ("Schedule.initial_collect_steps = 1000", "Schedule.initial_collect_steps must be 0, got 1000"),
 ])
 def test_a_replay_buffer_or_repeated_training_is_refused_with_one_line(tmp_path, param, named):
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin", [param], timeout=120, env=ENV)
@@ -70,7 +70,7 @@ def test_a_replay_buffer_or_repeated_training_is_refused_with_one_line(tmp_path,
 
 def test_impala_agent_is_refused_a_replay_buffer_too(tmp_path):
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin",
-                         ["train.agent_fn = @impala_agent", "train.replayer_fn = @PixelReplayer"],
+                         ["Task.agent_fn = @impala_agent", "Task.replayer_fn = @PixelReplayer"],
                          timeout=120, env=ENV)
     assert proc.returncode == 2
     assert "ImpalaAgent trains on each batch of unrolls once" in proc.stderr
@@ -87,8 +87,8 @@ def _start(root_dir, *params):
 
 
 def test_sigint_stops_a_ppo_run_within_5_s_and_a_rerun_resumes_it(tmp_path):
-    proc = _start(tmp_path, "train.stop_at_eval_return = None", "train.num_eval_episodes = 0",
-                  "train.log_interval_secs = 0.5")
+    proc = _start(tmp_path, "Evaluation.stop_at_return = None", "Evaluation.episodes = 0",
+                  "Outputs.log_interval_secs = 0.5")
     # Once the learner has trained (a progress line with the policy lag).
     output, elapsed, _ = signal_when_ready(
         proc, lambda line: "[alf_async] iteration" in line and "policy lag" in line)
@@ -102,8 +102,8 @@ def test_sigint_stops_a_ppo_run_within_5_s_and_a_rerun_resumes_it(tmp_path):
     assert checkpoint.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == train_step
     # The rerun goes on from the checkpoint to 2 more iterations.
     proc = run_train_cli(tmp_path, "ppo_cartpole.gin",
-                         [QUIET_THREADS, "train.stop_at_eval_return = None",
-                          "train.num_eval_episodes = 0", f"train.num_iterations = {iterations + 2}"],
+                         [QUIET_THREADS, "Evaluation.stop_at_return = None",
+                          "Evaluation.episodes = 0", f"Schedule.num_iterations = {iterations + 2}"],
                          timeout=120, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from" in proc.stdout and f"global step {train_step}," in proc.stdout

@@ -1,7 +1,7 @@
 """alf-async-train: gin files and bindings -> `alf_async.trainer.train()`.
 
     alf-async-train --root_dir runs/dqn_cartpole --gin_file gin_configs/dqn_cartpole.gin \
-        [--gin_file more.gin] [--gin_param 'train.num_iterations=100'] [--verbose]
+        [--gin_file more.gin] [--gin_param 'Schedule.num_iterations=100'] [--verbose]
     python -m alf_async.bin.train ...   (the same)
 
 `--help` answers without importing TensorFlow and lists the `train.*`
@@ -12,8 +12,8 @@ line on stderr (`alf-async-train: error: ...`) naming the file or binding,
 and exit code 2: no `--gin_file`, a missing gin file, a `--root_dir` that is
 a file or cannot be written (checked before TensorFlow is imported), an
 unknown configurable or parameter, a value gin cannot parse or `train()` or
-an agent builder refuses, gin files that leave `train.env_name` or
-`train.agent_fn` unbound, a checkpoint in `--root_dir` this config cannot
+an agent builder refuses, gin files that leave `Task.env_name` or
+`Task.agent_fn` unbound, a checkpoint in `--root_dir` this config cannot
 resume. A run that is already finished (its limit reached, or solved)
 says so and exits 0 without starting anything.
 
@@ -34,7 +34,7 @@ with its checkpoint, Ctrl-C or not. Ctrl-C before training (imports, gin
 parsing) prints one line and exits 130. An error in any thread exits non-zero with
 the original error after every thread was stopped.
 
-With `train.num_collectors > 0` (gin_configs/*_distributed.gin) the run is
+With `Collectors.count > 0` (gin_configs/*_distributed.gin) the run is
 a learner that starts its collectors (alf_async.distributed.learner_role): it
 prints the address they use and writes it to ROOT_DIR/replay_address, and a
 first signal stops the collectors too, before the checkpoint.
@@ -50,6 +50,7 @@ import tempfile
 import threading
 
 from alf_async import kernels
+from alf_async.errors import ConfigError
 from alf_async.tf215_py311_fixes import quiet
 from alf_async.bin import train_help
 
@@ -68,11 +69,7 @@ WRITE_REMOVED = (f"{PROG}: interrupted again while stopping: the checkpoint bein
                  f"not finish within {WRITE_GRACE_SECS:g} s and was removed (the latest one "
                  f"in ROOT_DIR/train is kept)")
 # Bindings every run needs; an overlay gin file alone leaves them unbound.
-REQUIRED_BINDINGS = ("train.env_name", "train.agent_fn")
-
-
-class ConfigError(ValueError):
-    """A configuration error found by the CLI: one line, exit 2."""
+REQUIRED_BINDINGS = ("Task.env_name", "Task.agent_fn")
 
 
 def build_parser():
@@ -87,7 +84,7 @@ def build_parser():
                         help="a gin config file (at least one; repeatable, later files "
                              "override earlier)")
     parser.add_argument("--gin_param", action="append", default=[],
-                        help="a gin binding, e.g. 'train.num_iterations=100' (repeatable; "
+                        help="a gin binding, e.g. 'Schedule.num_iterations=100' (repeatable; "
                              "applied after the files)")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party output (TensorFlow's banner, gym's notices, "
@@ -133,12 +130,9 @@ def check_root_dir(root_dir):
 def choose_kernels(gin_files, gin_params):
     """Chooses TensorFlow's kernels for the run (`alf_async.kernels`) before
     TensorFlow is imported and writes the choice into the environment;
-    returns it. Raises ConfigError for a `train.kernel_choice` or an
+    returns it. Raises ConfigError for a `Runtime.kernel_choice` or an
     `ALF_ASYNC_HOST_KIND` that cannot apply."""
-    try:
-        choice = kernels.choose_for_gin(gin_files, gin_params)
-    except kernels.KernelConfigError as e:
-        raise ConfigError(str(e)) from None
+    choice = kernels.choose_for_gin(gin_files, gin_params)
     kernels.apply(choice)
     return choice
 
@@ -188,7 +182,12 @@ def parse_gin(gin_files, gin_params):
 
 
 def _gin_error(error, one_line):
-    """gin's parse error on one line, without Python's "malformed node" part."""
+    """gin's parse error on one line, without Python's "malformed node" part;
+    a binding that moved from `train.*` is named with its new binding."""
+    from alf_async import settings  # pylint: disable=import-outside-toplevel
+    moved = settings.moved_binding_error(str(error))
+    if moved is not None:
+        return moved
     text = " | ".join(part for part in one_line(error).split(" | ")
                       if not part.startswith("malformed node or string"))
     if "Failed to parse token" in text:

@@ -1,46 +1,46 @@
-"""The `train.*` bindings for `alf-async-train --help`, read without TensorFlow.
+"""The settings' bindings for `alf-async-train --help`, read without TensorFlow.
 
-`train()`'s parameters, defaults and one-line descriptions are parsed from
-alf_async/trainer.py's source (its signature and the Args section of its
-docstring), so `--help` answers without importing TensorFlow and cannot
-drift from the real signature (tests/test_cli_help.py checks both against
-`inspect.signature(trainer.train)`).
+The settings groups' fields, defaults and one-line descriptions are parsed
+from alf_async/settings.py's source (each gin-configurable class's
+`__init__` signature and the Args section of its docstring), so `--help`
+answers without importing TensorFlow and cannot drift from the real
+signatures (tests/test_cli.py checks both against `inspect.signature`).
 """
 
 import ast
 import os
 import re
 
-TRAINER_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "trainer.py")
+SETTINGS_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "settings.py")
+# The groups, in the order --help lists them.
+GROUPS = ("Task", "Layout", "Schedule", "Evaluation", "Outputs", "Runtime", "Collectors")
 
-# train() parameters that are not gin bindings of a run.
-NOT_BINDINGS = ("root_dir", "stop_event", "print_fn")
 
-
-def train_bindings(source_path=TRAINER_SOURCE):
-    """[(name, default, first sentence of its description)] of `train()`.
+def setting_bindings(source_path=SETTINGS_SOURCE):
+    """[(group, field, default, first sentence of its description)] of the
+    settings groups.
 
     Defaults are source text; a required binding's is 'REQUIRED', a
     callable's is its gin reference ('@UniformReplayer').
     """
     with open(source_path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
-    function = next(node for node in tree.body
-                    if isinstance(node, ast.FunctionDef) and node.name == "train")
-    args = function.args.args
-    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
-    descriptions = _arg_descriptions(ast.get_docstring(function) or "")
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     rows = []
-    for arg, default in zip(args, defaults):
-        if arg.arg in NOT_BINDINGS or default is None:
-            continue
-        text = ast.unparse(default)
-        if text == "gin.REQUIRED":
-            text = "REQUIRED"
-        elif isinstance(default, (ast.Name, ast.Attribute)):
-            text = "@" + text.split(".")[-1]  # a configurable, as gin names it
-        rows.append((arg.arg, text, descriptions.get(arg.arg, "")))
+    for group in GROUPS:
+        init = next(node for node in classes[group].body
+                    if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+        args = init.args.args[1:]   # without self
+        defaults = [None] * (len(args) - len(init.args.defaults)) + init.args.defaults
+        descriptions = _arg_descriptions(ast.get_docstring(classes[group]) or "")
+        for arg, default in zip(args, defaults):
+            text = ast.unparse(default)
+            if text == "gin.REQUIRED":
+                text = "REQUIRED"
+            elif isinstance(default, (ast.Name, ast.Attribute)):
+                text = "@" + text.split(".")[-1]  # a configurable, as gin names it
+            rows.append((group, arg.arg, text, descriptions.get(arg.arg, "")))
     return rows
 
 
@@ -56,12 +56,15 @@ def _arg_descriptions(docstring):
 
 
 def epilog():
-    """The --help text after the flags: the train.* bindings and their defaults."""
-    rows = train_bindings()
-    lines = ["train.* bindings (--gin_param 'train.NAME = VALUE' or in a gin file), "
-             "with their defaults:", ""]
-    for name, default, description in rows:
-        lines.append(f"  train.{name} = {default}")
+    """The --help text after the flags: the settings' bindings and their defaults."""
+    lines = ["Settings (--gin_param 'Group.NAME = VALUE' or in a gin file), with their "
+             "defaults:"]
+    group = None
+    for name, field, default, description in setting_bindings():
+        if name != group:
+            group = name
+            lines.append("")
+        lines.append(f"  {name}.{field} = {default}")
         lines.append(f"      {description}")
     lines += ["",
               "Configs: gin_configs/dqn_cartpole.gin (the main job), sac_pendulum.gin; "

@@ -1,6 +1,6 @@
 """Collection and learning in separate processes, joined by Reverb.
 
-- `learner_role.py`: the learner of a distributed run (`train.num_collectors
+- `learner_role.py`: the learner of a distributed run (`Collectors.count
   > 0`): its Reverb server, the replay feed, the policy variables it pushes.
 - `collector.py`: a collector (`alf-async-collect`): a driver with local
   inference that writes unrolls to Reverb and pulls the policy's variables.

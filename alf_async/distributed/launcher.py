@@ -3,7 +3,7 @@
     collectors = launch_collectors('local', 2, 'localhost:8000', 'R/collector_config.gin', 'R')
     collectors.start(); ...; collectors.check(); ...; collectors.stop()
 
-`train.collector_launcher` chooses how:
+`Collectors.launcher` chooses how:
 
 - 'local' (`LocalCollectors`): child processes on this machine,
   `python -m alf_async.bin.collect --replay_address ADDRESS --gin_file
@@ -95,7 +95,7 @@ def launch_collectors(kind, num_collectors, address, config_path, root_dir, prin
                              actor_options=ray_actor_options, **args)
     if kind == "none":  # collectors started by hand: nothing to start or restart
         return LocalCollectors(**dict(args, num_collectors=0))
-    raise ValueError(f"train.collector_launcher must be 'local', 'ray' or 'none', got {kind!r}")
+    raise ValueError(f"Collectors.launcher must be 'local', 'ray' or 'none', got {kind!r}")
 
 
 class _Launcher(object):

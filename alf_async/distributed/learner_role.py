@@ -1,8 +1,8 @@
-"""The learner role: `train.num_collectors > 0` (collectors act, the learner only learns).
+"""The learner role: `Collectors.count > 0` (collectors act, the learner only learns).
 
     alf-async-train --root_dir R --gin_file gin_configs/dqn_cartpole_distributed.gin
 
-With `train.num_collectors = K > 0`, `train()` builds, instead of an
+With `Collectors.count = K > 0`, `train()` builds, instead of an
 AsyncOffPolicyDriver stepping environments in this process:
 
 - a `LearnerServer`: one Reverb server in this process with three tables,
@@ -19,7 +19,7 @@ AsyncOffPolicyDriver stepping environments in this process:
   (`socket.gethostname()`, or `LearnerServer.advertised_host` where that
   name does not resolve from the collectors' machines); the port is
   `LearnerServer.port`, or a free one (portpicker). With local collectors
-  only (`train.collector_launcher = 'local'`, no `advertised_host`) the
+  only (`Collectors.launcher = 'local'`, no `advertised_host`) the
   address announced is `localhost:PORT`. `AddressAnnouncement` prints it on
   one line, `[alf_async] collectors connect to HOST:PORT`, and writes it
   (one line) to `root_dir/replay_address`;
@@ -41,7 +41,7 @@ AsyncOffPolicyDriver stepping environments in this process:
   sees variables at most ~1.5 s old) and at the end.
 
 Training starts once the table holds `replay_table.min_size` items (the
-rate limiter's minimum; `train.initial_collect_steps` counts the env steps
+rate limiter's minimum; `Schedule.initial_collect_steps` counts the env steps
 the collectors reported). Evaluation, checkpoints, summaries,
 `stop_at_eval_return` and the progress lines are the single-process run's.
 
@@ -49,11 +49,11 @@ Agents that train on each batch of unrolls once (`agents.trains_on_unrolls`:
 PPO, IMPALA) get a queue of unrolls instead of the replay table
 (`reverb_replayer.unroll_table`, under the replay table's name, so the
 health summaries and the collectors find it there): its items are
-`train.unroll_length` + 1 steps of one env row, stamped with the train
+`Schedule.unroll_length` + 1 steps of one env row, stamped with the train
 step the collector's variables were pulled at
 (`policy_lag.TrainStepStampedPolicy`), consecutive items of a row sharing
 one step. The replayer is `PolicyLag(ReverbReplayer(...))`, each sample
-`train.learn_queue_cap x train.env_batch_size` items (the rows of one
+`Schedule.rows_per_batch` items (the rows of one
 process's batch), and `ReplayFeed.run_async` waits until the queue holds
 them plus the items the dataset may fetch ahead. The queue is not
 checkpointed (a resumed learner trains on what its new collectors bring).
@@ -77,6 +77,7 @@ import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
+from alf_async import roles
 from alf_async.distributed import launcher
 from alf_async.driver import metrics as metrics_lib
 from alf_async.distributed.collector import (STATS_TABLE, VARIABLE_TABLE, policy_variables, stats_table,
@@ -86,7 +87,8 @@ from alf_async.driver.health import RateInterval
 from alf_async.learning import agents, policy_lag
 from alf_async.learning.learner import Hook
 from alf_async.tf215_py311_fixes import quiet
-from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, is_unroll_queue, replay_table,
+from alf_async.distributed.reverb_replayer import (REPLAY_TABLE, ReverbReplayer,
+                                                   is_unroll_queue, replay_table,
                                                    unroll_table, window_spec)
 
 ADDRESS_FILE = "replay_address"
@@ -189,7 +191,7 @@ class ReportedAverage(metrics_lib.AsyncStepMetric):
         self._state.latest = {k: float(v) for k, v in state["latest"].items()}
 
 
-class ReplayFeed(object):
+class ReplayFeed(roles.BatchSource):
     """The driver's stand-in for a learner fed by collectors (module docstring).
 
     Args:
@@ -245,8 +247,8 @@ class ReplayFeed(object):
             if table.max_size < self._needed:
                 raise ValueError(
                     f"unroll_table.max_size {table.max_size} is too small for one batch: the "
-                    f"learner waits for {self._needed} items (train.learn_queue_cap x "
-                    f"train.env_batch_size + ReverbReplayer.max_in_flight_samples_per_worker); "
+                    f"learner waits for {self._needed} items (Schedule.rows_per_batch "
+                    f"+ ReverbReplayer.max_in_flight_samples_per_worker); "
                     f"set unroll_table.max_size >= {self._needed}")
             return
         info = table.rate_limiter_info
@@ -258,7 +260,7 @@ class ReplayFeed(object):
                 f"sample_batch_size + ReverbReplayer.max_in_flight_samples_per_worker) within "
                 f"twice the error buffer; set replay_table.error_buffer >= "
                 f"{(self._needed + info.samples_per_insert) / 2:g} or lower "
-                f"train.train_steps_per_iteration")
+                f"Schedule.train_steps_per_iteration")
 
     def start(self):
         if self._stop.is_set():
@@ -474,7 +476,6 @@ class Built(object):
     `ReverbReplayer` that reads the server (`replayer` itself, or the one a
     `PolicyLag` wraps)."""
 
-    is_learner_role = True  # trainer._close_envs closes it
 
     def __init__(self, replayer, feed, server, hooks, reverb_replayer=None):
         self.replayer = replayer
@@ -503,7 +504,7 @@ def _check_restored_signature(restored, expected, checkpoint_dir):
             f"the replay table restored from {checkpoint_dir} does not fit this config "
             f"(windows of {steps[0] if steps else '?'} steps, this config's "
             f"{tf.nest.flatten(expected)[0].shape.as_list()[0]}; the environment, the "
-            f"agent, DqnAgent.n_step_update or train.unroll_length changed?): use a new "
+            f"agent, DqnAgent.n_step_update or Schedule.unroll_length changed?): use a new "
             f"--root_dir to start fresh")
 
 
@@ -518,11 +519,12 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
 
     For an agent that trains on unrolls (module docstring): the queue's
     items are `unroll_length` + 1 steps, and each sample `batch_rows` of
-    them (train.learn_queue_cap x train.env_batch_size); the replayer is
+    them (Schedule.rows_per_batch); the replayer is
     then a `PolicyLag` over the `ReverbReplayer`.
     """
-    if not getattr(replayer_fn, "takes_checkpoint_dir", False):
-        raise ValueError("train.num_collectors > 0 needs train.replayer_fn = @ReverbReplayer "
+    replayer_class = roles.factory_class(replayer_fn)
+    if not (replayer_class and issubclass(replayer_class, ReverbReplayer)):
+        raise ValueError("Collectors.count > 0 needs Task.replayer_fn = @ReverbReplayer "
                          "(collectors write to the learner's Reverb server)")
     train_step = agent.train_step_counter
     variables = policy_variables(agent.collect_policy, train_step)
@@ -533,7 +535,7 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
         data_spec = policy_lag.TrainStepStampedPolicy(agent.collect_policy,
                                                       train_step).trajectory_spec
         length = unroll_length + 1
-        replayer_args["sample_batch_size"] = batch_rows  # whatever train.sample_batch_size says
+        replayer_args["sample_batch_size"] = batch_rows  # whatever Schedule.sample_batch_size says
         samples_per_iteration = batch_rows
     else:
         data_spec = agent.collect_data_spec
@@ -563,7 +565,7 @@ def build(root_dir, agent, replayer_fn, num_rows, num_collectors, launcher_name,
         collectors = launcher.launch_collectors(
             launcher_name, num_collectors, server.local_address, config_path, root_dir,
             print_fn=print_fn, seed=seed)
-        in_flight = getattr(replayer, "max_in_flight_samples", 0)
+        in_flight = replayer.max_in_flight_samples
         feed = ReplayFeed(replayer.client, samples_per_iteration, in_flight, collectors,
                           train_step=train_step)
         feed.check_schedule()

@@ -73,6 +73,7 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
+from alf_async import roles
 from alf_async.learning.replayers import Replayer
 from alf_async.tf215_py311_fixes import quiet
 
@@ -238,7 +239,8 @@ class RowWriters(object):
 
 
 @gin.configurable
-class ReverbReplayer(Replayer):
+class ReverbReplayer(Replayer, roles.CheckpointedReplay, roles.ScheduledReplay,
+                     roles.ClosableReplay):
     """A `Replayer` over a Reverb table (see module docstring).
 
     Args:
@@ -264,8 +266,6 @@ class ReverbReplayer(Replayer):
     """
 
     traceable_before_data = True
-    # trainer.train passes checkpoint_dir=ROOT_DIR/replay to replayers that say this.
-    takes_checkpoint_dir = True
 
     def __init__(self, data_spec, num_rows=None, sequence_length=gin.REQUIRED,
                  server_address=None, checkpoint_dir=None, port=None, table_fn=replay_table,

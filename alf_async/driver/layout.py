@@ -131,17 +131,17 @@ def check_layout(layout, rows, batch_rows=None, processes=True):
     """
     name = format_layout(layout)
     if layout.num_envs * layout.env_batch_size != rows:
-        raise ValueError(f"train.layout {name!r} has {layout.num_envs * layout.env_batch_size} "
-                         f"environments; train.num_envs x train.env_batch_size = {rows}")
+        raise ValueError(f"Layout.choice {name!r} has {layout.num_envs * layout.env_batch_size} "
+                         f"environments; Layout.env_threads x Layout.rows_per_env_thread = {rows}")
     if batch_rows is not None and batch_rows % layout.env_batch_size:
-        raise ValueError(f"train.layout {name!r}: its env batch size {layout.env_batch_size} "
+        raise ValueError(f"Layout.choice {name!r}: its env batch size {layout.env_batch_size} "
                          f"does not divide the learner batch's {batch_rows} rows "
-                         f"(train.learn_queue_cap x train.env_batch_size)")
+                         f"(Schedule.rows_per_batch)")
     if layout.num_actor_queues > layout.num_envs:
-        raise ValueError(f"train.layout {name!r}: more actor queues than env threads")
+        raise ValueError(f"Layout.choice {name!r}: more actor queues than env threads")
     if layout.processes and not processes:
-        raise ValueError(f"train.layout {name!r}: child processes need the default "
-                         f"train.make_env_constructor and suite_gym, suite_gymnasium or "
+        raise ValueError(f"Layout.choice {name!r}: child processes need the default "
+                         f"Task.make_env_constructor and suite_gym, suite_gymnasium or "
                          f"suite_atari")
 
 

@@ -8,11 +8,11 @@
 Names, as in tf-agents: an *env load fn* loads an environment by name
 (`suite_gym.load`; here `(env_name, batch_size, seed, **kwargs) ->
 TFEnvironment`, registered under a suite name with `register_suite` and
-picked by `train.suite`); an *env constructor* is a zero-arg callable
+picked by `Task.suite`); an *env constructor* is a zero-arg callable
 returning an environment (tf-agents' `EnvConstructor`): what the driver
 calls once per env thread, and what SubprocessEnv and Ray call in their
 workers. The `make_*env_constructor` functions here make the driver's
-constructor from a suite and a name; `train.make_env_constructor` picks one
+constructor from a suite and a name; `Task.make_env_constructor` picks one
 (`@make_subprocess_env_constructor`, `@make_ray_env_constructor`, or your
 own with the same signature).
 
@@ -164,7 +164,7 @@ def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
     """Like `make_env_constructor`, with every environment in its own child process.
 
     Each env thread gets a TFEnvironment over `batch_size` SubprocessEnvs
-    (stepped concurrently). gin: `train.make_env_constructor =
+    (stepped concurrently). gin: `Task.make_env_constructor =
     @make_subprocess_env_constructor`; `make_subprocess_env_constructor.step_timeout`,
     `.max_restarts`, ... go to SubprocessEnv; `env_kwargs` to suite_atari.
     """
@@ -186,7 +186,7 @@ def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
     """Like `make_env_constructor`, with the environments inside Ray actors.
 
     Each env thread gets a TFEnvironment over `actors_per_env` actors of
-    `batch_size // actors_per_env` environments. gin: `train.make_env_constructor
+    `batch_size // actors_per_env` environments. gin: `Task.make_env_constructor
     = @make_ray_env_constructor`; `make_ray_env_constructor.address`,
     `.num_cpus`, `.actor_options`, ... go to `ray_env_constructor`; `env_kwargs`
     to suite_atari.
@@ -255,7 +255,7 @@ def make_env_constructor(suite, env_name, batch_size=1, seed=None, **kwargs):
     (a `SuiteEnvConstructor`).
 
     The trainer calls `make_env_constructor(suite, env_name, batch_size, seed)`;
-    replace it by gin (`train.make_env_constructor = @other`) to run the
+    replace it by gin (`Task.make_env_constructor = @other`) to run the
     environments elsewhere (subprocesses, Ray) with the same signature.
     """
     if suite not in _SUITES:  # fail before any thread starts

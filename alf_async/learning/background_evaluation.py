@@ -1,4 +1,4 @@
-"""Evaluation beside training: `BackgroundEvaluationHook` (`train.async_eval`).
+"""Evaluation beside training: `BackgroundEvaluationHook` (`Evaluation.in_background`).
 
 `EvaluationHook` evaluates on the learner's thread: while the evaluation's
 episodes play, nothing trains, and once the learn queue is full nothing
@@ -123,7 +123,7 @@ class BackgroundEvaluationHook(EvaluationHook):
             self._record_finished(learner, wait=True)
         if self.not_made:
             self._print(f"[alf_async] {self.not_made} evaluations were due while one ran, and "
-                        f"were not made (train.async_eval)")
+                        f"were not made (Evaluation.in_background)")
         super().end(learner, stopped_by)
 
     def close(self, learner):

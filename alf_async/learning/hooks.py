@@ -28,6 +28,7 @@ import time
 import tensorflow as tf
 
 from alf_async.driver import metrics as metrics_lib
+from alf_async import roles
 from alf_async.driver.health import DriverHealth
 from alf_async.learning import checkpoint_files
 from alf_async.learning.learner import Hook, crossed
@@ -49,8 +50,9 @@ class SummaryHook(Hook):
         self._summaries = ScalarSummaries(learner.summary_writer)
         self._summaries.warm_up()   # while the driver collects its first batch
         driver = learner.driver
-        # A learner fed by collectors (distributed.learner_role.ReplayFeed) has its own health.
-        self._health = driver.health() if hasattr(driver, "health") else DriverHealth(driver)
+        # A BatchSource (the driver, a Reverb feed) gives its own health.
+        self._health = (driver.health() if isinstance(driver, roles.BatchSource)
+                        else DriverHealth(driver))
 
     def after_iteration(self, learner, train_step_before, train_step):
         if crossed(train_step_before, train_step, self._interval):

@@ -8,7 +8,7 @@ Storing whole stacks keeps every frame S times (28 KB per 84x84x4 step);
 the stacks when it samples, as Dopamine's circular replay does. It is a
 `UniformReplayer` (one ring per environment row, windows sampled uniformly,
 never across rows or a row's write cursor, `tf.Variable` storage that a
-`tf.train.Checkpoint` saves), so `train.replayer_fn = @PixelReplayer` is a
+`tf.train.Checkpoint` saves), so `Task.replayer_fn = @PixelReplayer` is a
 drop-in for `@UniformReplayer`.
 
 Storage layout, per environment row r and ring slot p (step % capacity):

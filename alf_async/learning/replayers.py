@@ -126,10 +126,6 @@ class OneTimeReplayer(Replayer):
     while the driver collects that batch, as it does with a replay buffer.
     """
 
-    # The trainer passes `batch_rows` (its learner's batch) to a replayer_fn
-    # with this attribute.
-    takes_batch_rows = True
-
     def __init__(self, data_spec=None, num_rows=None, link_unrolls=True, batch_rows=None,
                  name="one_time_replayer"):
         """

@@ -1,18 +1,18 @@
 """A training job that serves its policy: the trainer's `make_serving_env_constructor`.
 
-    train.make_env_constructor = @make_serving_env_constructor
+    Task.make_env_constructor = @make_serving_env_constructor
     make_serving_env_constructor.host = '127.0.0.1'
     make_serving_env_constructor.port = 8900         # 0: any free port
     make_serving_env_constructor.token = 's3cret'    # None: no token
 
 With it, `train()`'s environments are the slots of one `PolicyServerEnv`
-(alf_async.serving): every env thread (`train.num_envs`) serves
-`train.env_batch_size` client episodes at a time, one per slot (the rows of
+(alf_async.serving): every env thread (`Layout.env_threads`) serves
+`Layout.rows_per_env_thread` client episodes at a time, one per slot (the rows of
 its environment, stepped whichever have a client step ready), so there are
-`num_envs * env_batch_size` slots; the learner trains on whatever the
-clients play. `train.suite` /
-`train.env_name` name the local environment whose specs the server checks
-(and which the trainer evaluates on, if `train.num_eval_episodes` > 0).
+`Layout.rows` slots; the learner trains on whatever the
+clients play. `Task.suite` /
+`Task.env_name` name the local environment whose specs the server checks
+(and which the trainer evaluates on, if `Evaluation.episodes` > 0).
 
 The server binds when the constructor is made (so that a port in use or a
 bad host is a config error before any thread starts) and serves once the
@@ -76,7 +76,7 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
             observation specs the served episodes must match (built once,
             then closed).
         env_name: that environment's name in `suite`.
-        batch_size: slots per env thread (`train.env_batch_size`; each slot
+        batch_size: slots per env thread (`Layout.rows_per_env_thread`; each slot
             serves one episode at a time).
         seed: unused (the clients' environments are theirs).
         host: the interface to bind (loopback by default; see server.py on
@@ -86,7 +86,7 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
         token: if set, clients need it (`PolicyClient(token=...)`). Note that
             gin's operative config saved in root_dir records it.
         max_concurrent: most open client episodes (more get 429); episodes
-            beyond the slots (`train.num_envs * train.env_batch_size`) wait
+            beyond the slots (`Layout.env_threads * Layout.rows_per_env_thread`) wait
             for a free slot.
         episode_idle_timeout: seconds after which a silent client's episode
             is closed (its slot freed).
@@ -100,7 +100,7 @@ def make_serving_env_constructor(suite, env_name, batch_size=1, seed=None, host=
     """
     del seed
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"make_serving_env_constructor: train.env_batch_size (slots per env "
+        raise ValueError(f"make_serving_env_constructor: Layout.rows_per_env_thread (slots per env "
                          f"thread) must be an integer >= 1, got {batch_size!r}")
     spec_env = suites.load(suite, env_name, batch_size=1)
     try:

@@ -26,11 +26,11 @@ TINY = [
     "collect.env_batch_size = 2",
     "collect.unroll_length = 4",
     "collect.variable_update_interval = 0.5",
-    "train.num_eval_episodes = 2",
-    "train.eval_interval = 100000",
-    "train.stop_at_eval_return = None",
-    "train.summary_interval = 100",
-    "train.log_interval_secs = 0.5",
+    "Evaluation.episodes = 2",
+    "Evaluation.interval = 100000",
+    "Evaluation.stop_at_return = None",
+    "Outputs.summary_interval = 100",
+    "Outputs.log_interval_secs = 0.5",
 ]
 PROGRESS = re.compile(r"\[alf_async\] iteration \d+ \| env steps \d+ .*\| train steps (\d+) ")
 
@@ -149,7 +149,7 @@ def wait_until(predicate, secs, what):
 def remote_learner(hosts, root_dir, *params):
     """The learner CLI on host 'learner' for collectors started by hand on
     other hosts; returns (Learner, the address it announced)."""
-    learner = Learner(root_dir, "train.collector_launcher = 'none'",
+    learner = Learner(root_dir, "Collectors.launcher = 'none'",
                       f"LearnerServer.advertised_host = '{hosts.address('learner')}'",
                       *params, host=(hosts, "learner"))
     try:

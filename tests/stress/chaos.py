@@ -375,8 +375,8 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
     rng = np.random.default_rng(seed)
     own_dir = root_dir is None
     root_dir = root_dir or tempfile.mkdtemp(prefix="alf_async_ckpt_")
-    params = ["train.num_iterations = 1000000", f"train.checkpoint_interval = {checkpoint_interval}",
-              "train.num_eval_episodes = 0", "train.log_interval_secs = 0.2"]
+    params = ["Schedule.num_iterations = 1000000", f"Outputs.checkpoint_interval = {checkpoint_interval}",
+              "Evaluation.episodes = 0", "Outputs.log_interval_secs = 0.2"]
     cycles, problems = [], []
     high = dict(global_step=0, env_steps=0, iteration=0)  # highest resume point so far
     reached = 0  # the highest iteration any run printed
@@ -396,7 +396,7 @@ def checkpoint_trial(num_kills=20, seed=0, root_dir=None, gin_file=SMOKE_GIN,
         if final:
             # More iterations than any run reached: the final run must train.
             reached = max(reached, before_counters.get("iterations", 0))
-            run_params[0] = f"train.num_iterations = {reached + final_iterations}"
+            run_params[0] = f"Schedule.num_iterations = {reached + final_iterations}"
         delay = None if final else float(rng.uniform(0, max_kill_delay))
         t0 = time.monotonic()
         rc, lines, killed, timed_out = _run_once(_train_cmd(root_dir, gin_file, run_params),

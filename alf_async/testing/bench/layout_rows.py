@@ -9,10 +9,10 @@ def forward_rows(side):
     `env_batch_size`; the synchronous loop all `num_envs x env_batch_size`."""
     import gin
     q = _query  # the bound value, else train()'s default
-    batch = gin.query_parameter("train.env_batch_size")
+    batch = gin.query_parameter("Layout.rows_per_env_thread")
     if side != "alf_async":
-        return batch * q("train.num_envs", 1)
-    return batch * (q("train.actor_queue_cap", 1) if q("train.num_actor_queues", 1) else 1)
+        return batch * q("Layout.env_threads", 1)
+    return batch * (q("Layout.actor_queue_cap", 1) if q("Layout.actor_queues", 1) else 1)
 
 
 def _query(name, default):

@@ -1,0 +1,478 @@
+"""`train()`'s settings, grouped as the concepts they are.
+
+Each group is a gin-configurable class with documented fields, as RLlib's
+AlgorithmConfig groups and acme's agent configs are. `train()` builds each
+group it is not given from gin, so a .gin file binds the groups' fields:
+
+    Task.env_name = 'CartPole-v0'
+    Task.agent_fn = @dqn_agent
+    Layout.env_threads = 2
+    Layout.rows_per_env_thread = 16
+    Schedule.num_env_steps = 100000
+    Evaluation.interval = 1000
+
+and a Python caller passes the groups it sets (`train(root_dir,
+schedule=Schedule(num_iterations=10))`; the fields it leaves out are gin's).
+
+| group | what it holds |
+|---|---|
+| `Task` | what runs: the environment, its suite, the agent, the replayer |
+| `Layout` | env threads, rows per env thread, actor queues and their cap; or 'auto' |
+| `Schedule` | unrolls and batches, limits, train steps, initial collect, pacing |
+| `Evaluation` | how often and how the policy is evaluated; when the run is solved |
+| `Outputs` | summaries, checkpoints, progress lines |
+| `Runtime` | TensorFlow's thread pools, the seed, the kernels |
+| `Collectors` | collector processes feeding the learner through Reverb |
+
+Each group checks its own fields when it is built and raises `ConfigError`
+naming the binding. A binding that moved from `train.*` is refused with one
+line that names its new binding (`MOVED_BINDINGS`, `moved_binding_error`).
+
+Names: the driver's keyword arguments keep ALF's (`num_envs` for env
+threads, `num_actor_queues`, `actor_queue_cap`, `learn_queue_cap`,
+`unroll_length`); here an env thread is an env thread, a row one
+environment of an env thread's batch, and a batch the rows' unrolls the
+learner takes at once (`Layout.driver_args` maps one onto the other).
+"""
+
+import re
+
+import gin
+
+from alf_async import kernels
+from alf_async.driver import layout as layout_lib
+from alf_async.environments import suites
+from alf_async.errors import ConfigError
+from alf_async.learning import replayers
+
+# train()'s old flat bindings, and where each one lives now.
+MOVED_BINDINGS = {
+    "train.env_name": "Task.env_name",
+    "train.agent_fn": "Task.agent_fn",
+    "train.suite": "Task.suite",
+    "train.make_env_constructor": "Task.make_env_constructor",
+    "train.replayer_fn": "Task.replayer_fn",
+    "train.num_envs": "Layout.env_threads",
+    "train.env_batch_size": "Layout.rows_per_env_thread",
+    "train.num_actor_queues": "Layout.actor_queues",
+    "train.actor_queue_cap": "Layout.actor_queue_cap",
+    "train.layout": "Layout.choice",
+    "train.layout_budget_secs": "Layout.auto_budget_secs",
+    "train.unroll_length": "Schedule.unroll_length",
+    "train.learn_queue_cap": "Schedule.rows_per_batch",
+    "train.batches_ahead": "Schedule.batches_ahead",
+    "train.num_iterations": "Schedule.num_iterations",
+    "train.num_env_steps": "Schedule.num_env_steps",
+    "train.initial_collect_steps": "Schedule.initial_collect_steps",
+    "train.random_initial_collect": "Schedule.random_initial_collect",
+    "train.train_steps_per_iteration": "Schedule.train_steps_per_iteration",
+    "train.sample_batch_size": "Schedule.sample_batch_size",
+    "train.num_eval_episodes": "Evaluation.episodes",
+    "train.eval_interval": "Evaluation.interval",
+    "train.stop_at_eval_return": "Evaluation.stop_at_return",
+    "train.greedy_eval": "Evaluation.greedy",
+    "train.eval_epsilon": "Evaluation.epsilon",
+    "train.eval_env_kwargs": "Evaluation.env_kwargs",
+    "train.async_eval": "Evaluation.in_background",
+    "train.summary_interval": "Outputs.summary_interval",
+    "train.checkpoint_interval": "Outputs.checkpoint_interval",
+    "train.log_interval_secs": "Outputs.log_interval_secs",
+    "train.inter_op_threads": "Runtime.inter_op_threads",
+    "train.intra_op_threads": "Runtime.intra_op_threads",
+    "train.seed": "Runtime.seed",
+    "train.kernel_choice": "Runtime.kernel_choice",
+    "train.num_collectors": "Collectors.count",
+    "train.collector_launcher": "Collectors.launcher",
+}
+# What changed besides the name, said where a moved binding is refused.
+_MOVED_NOTES = {
+    "train.learn_queue_cap": " (rows, not env threads' unrolls: learn_queue_cap x "
+                             "rows_per_env_thread)",
+}
+
+
+def moved_binding_error(text):
+    """The one line for gin's error `text` when it refuses a binding that
+    moved from `train.*` (its "Configurable 'train' doesn't have a parameter
+    named ..."), else None."""
+    match = re.search(r"Configurable 'train' doesn't have a parameter named '(\w+)'", text)
+    old = f"train.{match.group(1)}" if match else None
+    if old not in MOVED_BINDINGS:
+        return None
+    return (f"{old} moved: bind {MOVED_BINDINGS[old]} instead{_MOVED_NOTES.get(old, '')} "
+            f"(docs/training.md lists every setting)")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_at_least(binding, value, low):
+    if not _is_int(value) or value < low:
+        raise ConfigError(f"{binding} must be an int >= {low}, got {value!r}")
+
+
+def _optional_int_at_least(binding, value, low, none_means=""):
+    if value is not None and (not _is_int(value) or value < low):
+        raise ConfigError(f"{binding} must be None{none_means} or an int >= {low}, "
+                          f"got {value!r}")
+
+
+def _positive_number(binding, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{binding} must be a number > 0, got {value!r}")
+
+
+def _bool(binding, value):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{binding} must be True or False, got {value!r}")
+
+
+class _Settings(object):
+    """Fields set from the constructor's arguments; equal when the fields are."""
+
+    _fields = ()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(
+            getattr(self, f) == getattr(other, f) for f in self._fields)
+
+    def __repr__(self):
+        args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
+        return f"{type(self).__name__}({args})"
+
+
+@gin.configurable
+class Task(_Settings):
+    """What runs: the environment, the agent and the replayer.
+
+    Args:
+        env_name: the environment's name in `suite` ('CartPole-v0').
+        agent_fn: callable(time_step_spec, action_spec, train_step_counter)
+            -> TFAgent (`dqn_agent`, `sac_agent`, `ppo_agent`, `impala_agent`).
+        suite: the environment suite (see `suites.load`).
+        make_env_constructor: callable(suite, env_name, batch_size, seed) ->
+            the driver's env constructor (`suites.make_env_constructor`,
+            `make_subprocess_env_constructor`, `make_ray_env_constructor`,
+            `make_serving_env_constructor`).
+        replayer_fn: callable(data_spec, num_rows) -> replayer
+            (`UniformReplayer`, `PixelReplayer`, `OneTimeReplayer`,
+            `ReverbReplayer`). A replayer class that is a
+            `roles.CheckpointedReplay` is also given checkpoint_dir=
+            root_dir/replay; `OneTimeReplayer` is given its batch rows.
+    """
+
+    _fields = ("env_name", "agent_fn", "suite", "make_env_constructor", "replayer_fn")
+
+    def __init__(self, env_name=gin.REQUIRED, agent_fn=gin.REQUIRED, suite="suite_gym",
+                 make_env_constructor=suites.make_env_constructor,
+                 replayer_fn=replayers.UniformReplayer):
+        if not callable(agent_fn):
+            raise ConfigError(f"Task.agent_fn must be callable, got {agent_fn!r}")
+        self.env_name = env_name
+        self.agent_fn = agent_fn
+        self.suite = suite
+        self.make_env_constructor = make_env_constructor
+        self.replayer_fn = replayer_fn
+
+
+@gin.configurable
+class Layout(_Settings):
+    """How the environments' rows are laid out: the only place that names
+    env threads and rows.
+
+    `env_threads` env threads step `rows_per_env_thread` rows each (one
+    batched environment per env thread); `actor_queues` actor threads batch
+    the env threads' requests, each forward pass over up to
+    `actor_queue_cap` env threads' (0 actor queues: each env thread acts
+    itself, with no round trip). See docs/performance.md for which layout
+    pays where.
+
+    Args:
+        env_threads: env threads of the driver.
+        rows_per_env_thread: environments batched in each env thread's environment.
+        actor_queues: actor threads; 0: each env thread acts itself.
+        actor_queue_cap: at most this many env threads' requests per forward pass.
+        choice: None: the fields above. 'auto': this run's environments and
+            collect policy are measured for up to `auto_budget_secs` at its
+            start in candidate layouts of the same env_threads x
+            rows_per_env_thread rows (`alf_async.driver.layout.choose_layout`;
+            child processes among them for suite_gym, suite_gymnasium and
+            suite_atari with the default make_env_constructor); the fastest
+            runs, one line names it, the operative config binds
+            `Layout.choice` to it and a resumed run reuses it. Or a layout as
+            that line names it ('2x8, 1 actor queue (cap 2), in process'),
+            run as given. The learner's batch keeps its
+            `Schedule.rows_per_batch` rows either way.
+        auto_budget_secs: seconds `choice = 'auto'` measures for at most.
+    """
+
+    _fields = ("env_threads", "rows_per_env_thread", "actor_queues", "actor_queue_cap",
+               "choice", "auto_budget_secs")
+
+    def __init__(self, env_threads=1, rows_per_env_thread=1, actor_queues=1,
+                 actor_queue_cap=1, choice=None, auto_budget_secs=20.0):
+        _int_at_least("Layout.env_threads", env_threads, 1)
+        _int_at_least("Layout.rows_per_env_thread", rows_per_env_thread, 1)
+        if not _is_int(actor_queues) or actor_queues < 0:
+            raise ConfigError(f"Layout.actor_queues must be an int >= 0 (0: each env thread "
+                              f"acts itself), got {actor_queues!r}")
+        _int_at_least("Layout.actor_queue_cap", actor_queue_cap, 1)
+        if choice not in (None, "auto"):
+            try:
+                layout_lib.parse_layout(choice)
+            except ValueError as e:
+                raise ConfigError(f"Layout.choice must be None, 'auto' or a layout: {e}") \
+                    from None
+        _positive_number("Layout.auto_budget_secs", auto_budget_secs)
+        self.env_threads = env_threads
+        self.rows_per_env_thread = rows_per_env_thread
+        self.actor_queues = actor_queues
+        self.actor_queue_cap = actor_queue_cap
+        self.choice = choice
+        self.auto_budget_secs = auto_budget_secs
+
+    @property
+    def rows(self):
+        """Environment rows in all: env_threads x rows_per_env_thread."""
+        return self.env_threads * self.rows_per_env_thread
+
+    def batch_rows(self, schedule):
+        """The rows of the learner's batch under `schedule` (its
+        `rows_per_batch`, or one env thread's rows)."""
+        return schedule.rows_per_batch or self.rows_per_env_thread
+
+    def driver_args(self, schedule):
+        """`AsyncOffPolicyDriver`'s layout arguments (ALF's names) for the
+        learner batch of `schedule`."""
+        return dict(num_envs=self.env_threads, num_actor_queues=self.actor_queues,
+                    actor_queue_cap=self.actor_queue_cap,
+                    learn_queue_cap=self.batch_rows(schedule) // self.rows_per_env_thread,
+                    unroll_length=schedule.unroll_length,
+                    batches_ahead=schedule.batches_ahead)
+
+    @classmethod
+    def of(cls, run_layout):
+        """The Layout of a driver layout (`alf_async.driver.layout.Layout`)."""
+        return cls(env_threads=run_layout.num_envs, rows_per_env_thread=run_layout.env_batch_size,
+                   actor_queues=run_layout.num_actor_queues,
+                   actor_queue_cap=run_layout.actor_queue_cap)
+
+
+@gin.configurable
+class Schedule(_Settings):
+    """How collecting and training take turns, and when the run stops.
+
+    An iteration takes one batch of `rows_per_batch` rows x `unroll_length`
+    steps from the driver, then runs `train_steps_per_iteration` train steps.
+
+    Args:
+        num_iterations: stop after this many iterations in total (None: no limit).
+        num_env_steps: stop once this many env steps were taken in total
+            (None: no limit; one of the two must be set).
+        unroll_length: steps per unroll of each row.
+        rows_per_batch: rows in each learner batch; a multiple of
+            `Layout.rows_per_env_thread` (whole env threads' unrolls). None:
+            one env thread's rows.
+        train_steps_per_iteration: agent.train calls per iteration.
+        sample_batch_size: windows per train step (a replay buffer).
+        initial_collect_steps: env steps collected before training starts.
+        random_initial_collect: act uniformly at random until the first
+            train step (`random_start.RandomStartPolicy`), as published SAC
+            runs collect their initial steps; False: `agent.collect_policy`.
+        batches_ahead: None: the env threads collect whenever the learn
+            queue has room. k >= 1: they begin at most k batches the learner
+            has not taken, capping the policy lag at k batches' train steps
+            (`AsyncOffPolicyDriver`'s batches_ahead; docs/training.md).
+    """
+
+    _fields = ("num_iterations", "num_env_steps", "unroll_length", "rows_per_batch",
+               "train_steps_per_iteration", "sample_batch_size", "initial_collect_steps",
+               "random_initial_collect", "batches_ahead")
+
+    def __init__(self, num_iterations=None, num_env_steps=None, unroll_length=8,
+                 rows_per_batch=None, train_steps_per_iteration=1, sample_batch_size=64,
+                 initial_collect_steps=0, random_initial_collect=False, batches_ahead=None):
+        for name, value in (("num_iterations", num_iterations),
+                            ("num_env_steps", num_env_steps),
+                            ("initial_collect_steps", initial_collect_steps)):
+            _optional_int_at_least(f"Schedule.{name}", value, 0)
+        if num_iterations is None and num_env_steps is None:
+            raise ConfigError("set Schedule.num_iterations or Schedule.num_env_steps (or "
+                              "both): otherwise training never stops")
+        _optional_int_at_least("Schedule.rows_per_batch", rows_per_batch, 1,
+                               " (one env thread's rows)")
+        for name, value in (("unroll_length", unroll_length),
+                            ("train_steps_per_iteration", train_steps_per_iteration),
+                            ("sample_batch_size", sample_batch_size)):
+            _int_at_least(f"Schedule.{name}", value, 1)
+        _bool("Schedule.random_initial_collect", random_initial_collect)
+        _optional_int_at_least("Schedule.batches_ahead", batches_ahead, 1,
+                               " (collect whenever the learn queue has room)")
+        self.num_iterations = num_iterations
+        self.num_env_steps = num_env_steps
+        self.unroll_length = unroll_length
+        self.rows_per_batch = rows_per_batch
+        self.train_steps_per_iteration = train_steps_per_iteration
+        self.sample_batch_size = sample_batch_size
+        self.initial_collect_steps = initial_collect_steps or 0
+        self.random_initial_collect = random_initial_collect
+        self.batches_ahead = batches_ahead
+
+
+@gin.configurable
+class Evaluation(_Settings):
+    """How the policy is evaluated, and when the run counts as solved.
+
+    Args:
+        episodes: episodes per evaluation (0: no evaluation).
+        interval: evaluate every this many train steps.
+        stop_at_return: stop once an evaluation's average return is >= this
+            (None: never).
+        greedy: evaluate tf-agents' `GreedyPolicy(agent.policy)` (the mode of
+            the action distribution: SacAgent's `policy` samples); False
+            evaluates `agent.policy` itself (greedy already for DQN).
+        epsilon: if set, act uniformly at random with this probability
+            around the evaluated policy, as published Atari evaluations do
+            (0.001 in Dopamine, 0.05 in Mnih et al. 2015). None: never.
+        env_kwargs: more keyword arguments of `suites.load` for the
+            evaluation environments only (e.g. Mnih et al. 2015's 5-minute
+            games: {'max_num_frames_per_episode': 18000}). None: the
+            training environments' settings.
+        in_background: evaluate on a thread of its own while the learner
+            trains on (ALF's async_eval; `BackgroundEvaluationHook`), on a
+            snapshot of the policy taken at each interval; False: on the
+            learner's thread, training paused meanwhile.
+    """
+
+    _fields = ("episodes", "interval", "stop_at_return", "greedy", "epsilon", "env_kwargs",
+               "in_background")
+
+    def __init__(self, episodes=10, interval=1000, stop_at_return=None, greedy=False,
+                 epsilon=None, env_kwargs=None, in_background=False):
+        _optional_int_at_least("Evaluation.episodes", episodes, 0)
+        _int_at_least("Evaluation.interval", interval, 1)
+        if stop_at_return is not None and not episodes:
+            raise ConfigError("Evaluation.stop_at_return needs Evaluation.episodes >= 1")
+        _bool("Evaluation.greedy", greedy)
+        _bool("Evaluation.in_background", in_background)
+        if epsilon is not None and (isinstance(epsilon, bool) or
+                                    not isinstance(epsilon, (int, float)) or
+                                    not 0 <= epsilon <= 1):
+            raise ConfigError(f"Evaluation.epsilon must be None or a number in [0, 1], "
+                              f"got {epsilon!r}")
+        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+            raise ConfigError(f"Evaluation.env_kwargs must be None or a dict of suites.load "
+                              f"arguments, got {env_kwargs!r}")
+        self.episodes = episodes or 0
+        self.interval = interval
+        self.stop_at_return = stop_at_return
+        self.greedy = greedy
+        self.epsilon = epsilon
+        self.env_kwargs = env_kwargs
+        self.in_background = in_background
+
+
+@gin.configurable
+class Outputs(_Settings):
+    """What the run writes besides the agent: summaries, checkpoints, progress lines.
+
+    Args:
+        summary_interval: write training summaries every this many train steps.
+        checkpoint_interval: checkpoint every this many train steps (and at exit).
+        log_interval_secs: seconds between progress lines.
+    """
+
+    _fields = ("summary_interval", "checkpoint_interval", "log_interval_secs")
+
+    def __init__(self, summary_interval=100, checkpoint_interval=10000, log_interval_secs=10.0):
+        _int_at_least("Outputs.summary_interval", summary_interval, 1)
+        _int_at_least("Outputs.checkpoint_interval", checkpoint_interval, 1)
+        _positive_number("Outputs.log_interval_secs", log_interval_secs)
+        self.summary_interval = summary_interval
+        self.checkpoint_interval = checkpoint_interval
+        self.log_interval_secs = log_interval_secs
+
+
+@gin.configurable
+class Runtime(_Settings):
+    """The process the run lives in: TensorFlow's threads, the seed, the kernels.
+
+    Args:
+        inter_op_threads: TF's inter-op thread pool size (None: one per core);
+            each graph-mode env thread's Python step and each actor thread
+            hold one while they run.
+        intra_op_threads: TF's intra-op thread pool size (None: TF's default).
+        seed: seeds TF's global generator and the environments (None: unseeded).
+        kernel_choice: 'auto' (the fastest kernels this CPU has, chosen for
+            the run's networks) or 'off' (TensorFlow's defaults): see
+            `alf_async.kernels`. TensorFlow reads its kernels when it is
+            imported, so alf-async-train reads this binding from the gin
+            files first; a Python program calls
+            `kernels.apply(kernels.choose_for_gin(gin_files))` before its
+            first TensorFlow import.
+    """
+
+    _fields = ("inter_op_threads", "intra_op_threads", "seed", "kernel_choice")
+
+    def __init__(self, inter_op_threads=None, intra_op_threads=None, seed=None,
+                 kernel_choice="auto"):
+        _optional_int_at_least("Runtime.inter_op_threads", inter_op_threads, 1)
+        _optional_int_at_least("Runtime.intra_op_threads", intra_op_threads, 1)
+        if kernel_choice not in kernels.KERNEL_CHOICES:
+            raise ConfigError(f"Runtime.kernel_choice must be one of {kernels.KERNEL_CHOICES}, "
+                              f"got {kernel_choice!r}")
+        self.inter_op_threads = inter_op_threads
+        self.intra_op_threads = intra_op_threads
+        self.seed = seed
+        self.kernel_choice = kernel_choice
+
+
+@gin.configurable
+class Collectors(_Settings):
+    """Collector processes that feed this learner through a Reverb server here.
+
+    Args:
+        count: collector processes (0: this process collects itself). With
+            K > 0 this process only learns and evaluates (needs
+            `Task.replayer_fn = @ReverbReplayer`; see
+            alf_async.distributed.learner_role).
+        launcher: how they start: 'local' (child processes), 'ray' (Ray
+            actors) or 'none' (by hand, with alf-async-collect).
+    """
+
+    _fields = ("count", "launcher")
+
+    def __init__(self, count=0, launcher="local"):
+        if not _is_int(count) or count < 0:
+            raise ConfigError(f"Collectors.count must be an int >= 0, got {count!r}")
+        if launcher not in ("local", "ray", "none"):
+            raise ConfigError(f"Collectors.launcher must be 'local', 'ray' or 'none', got "
+                              f"{launcher!r}")
+        self.count = count
+        self.launcher = launcher
+
+
+def check_together(layout, schedule, collectors):
+    """Refuses settings of different groups that cannot run together."""
+    batch_rows = layout.batch_rows(schedule)
+    if batch_rows % layout.rows_per_env_thread and layout.choice is None:
+        raise ConfigError(
+            f"Schedule.rows_per_batch {batch_rows} is not a whole number of env "
+            f"threads' rows (Layout.rows_per_env_thread {layout.rows_per_env_thread}): make "
+            f"it a multiple")
+    ahead = schedule.batches_ahead
+    if ahead is not None:
+        if collectors.count:
+            raise ConfigError("Schedule.batches_ahead paces this process's env threads, and "
+                              "with Collectors.count > 0 it has none (the collectors feed "
+                              "Reverb): leave it None")
+        unrolls = batch_rows // layout.rows_per_env_thread
+        if layout.choice is None and layout.env_threads > ahead * unrolls:
+            raise ConfigError(
+                f"Schedule.batches_ahead = {ahead} lets {ahead} batches of "
+                f"{unrolls} env threads' unrolls be collected at once, fewer than the "
+                f"{layout.env_threads} env threads (Layout.env_threads): raise one of them")
+    if layout.choice is not None and collectors.count:
+        raise ConfigError("Layout.choice arranges this process's environments; with "
+                          "Collectors.count > 0 the collectors step them: leave it None")
