@@ -84,23 +84,39 @@ MOVED_BINDINGS = {
     "train.num_collectors": "Collectors.count",
     "train.collector_launcher": "Collectors.launcher",
 }
+# collect()'s: a collector builds its Task and Layout in the gin scope `collect`.
+MOVED_BINDINGS.update({
+    "collect.env_name": "collect/Task.env_name",
+    "collect.agent_fn": "collect/Task.agent_fn",
+    "collect.suite": "collect/Task.suite",
+    "collect.make_env_constructor": "collect/Task.make_env_constructor",
+    "collect.num_envs": "collect/Layout.env_threads",
+    "collect.env_batch_size": "collect/Layout.rows_per_env_thread",
+    "collect.num_actor_queues": "collect/Layout.actor_queues",
+    "collect.actor_queue_cap": "collect/Layout.actor_queue_cap",
+    "collect.learn_queue_cap": "collect.rows_per_batch",
+})
 # What changed besides the name, said where a moved binding is refused.
 _MOVED_NOTES = {
     "train.learn_queue_cap": " (rows, not env threads' unrolls: learn_queue_cap x "
                              "rows_per_env_thread)",
+    "collect.learn_queue_cap": " (rows, not env threads' unrolls: learn_queue_cap x "
+                               "rows_per_env_thread)",
 }
 
 
 def moved_binding_error(text):
     """The one line for gin's error `text` when it refuses a binding that
-    moved from `train.*` (its "Configurable 'train' doesn't have a parameter
-    named ..."), else None."""
-    match = re.search(r"Configurable 'train' doesn't have a parameter named '(\w+)'", text)
-    old = f"train.{match.group(1)}" if match else None
+    moved from `train.*` or `collect.*` (its "Configurable 'train' doesn't
+    have a parameter named ..."), else None."""
+    match = re.search(r"Configurable '(train|collect)' doesn't have a parameter named '(\w+)'",
+                      text)
+    old = f"{match.group(1)}.{match.group(2)}" if match else None
     if old not in MOVED_BINDINGS:
         return None
+    page = "distributed.md" if old.startswith("collect.") else "training.md"
     return (f"{old} moved: bind {MOVED_BINDINGS[old]} instead{_MOVED_NOTES.get(old, '')} "
-            f"(docs/training.md lists every setting)")
+            f"(docs/{page} lists every setting)")
 
 
 def _is_int(value):

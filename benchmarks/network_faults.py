@@ -47,7 +47,7 @@ from alf_async.testing.netns import TestHosts, unavailable
 FAULTS = ("partition", "loss1", "loss5", "flap", "learner_kill")
 LEARNER_PORT = 41300
 FLAP_SECS = 3.0
-PARAMS = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
+PARAMS = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect/Task.env_name = '{COUNTING_ROWS}'",
           f"LearnerServer.port = {LEARNER_PORT}",
           "replay_table.max_size = 2000000"]   # nothing evicted: the audit sees every item
 

@@ -211,7 +211,7 @@ def test_serving_keeps_to_loopback_by_default(tmp_path):
 # The environments' observations are [row, counter, t] (envs.counting_rows),
 # collector1's rows from 1001 on, and nothing is evicted: after the run the
 # replay checkpoint's items are audited.
-AUDITED = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect.env_name = '{COUNTING_ROWS}'",
+AUDITED = [f"Task.env_name = '{COUNTING_ROWS}'", f"collect/Task.env_name = '{COUNTING_ROWS}'",
            "replay_table.max_size = 2000000"]
 
 

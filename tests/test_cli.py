@@ -95,6 +95,8 @@ def test_train_takes_the_settings_groups():
      "every setting)"),
     ("train.async_eval = True", "train.async_eval moved: bind Evaluation.in_background "
                                 "instead (docs/training.md lists every setting)"),
+    ("collect.num_envs = 2", "collect.num_envs moved: bind collect/Layout.env_threads "
+                             "instead (docs/distributed.md lists every setting)"),
 ])
 def test_a_moved_binding_names_its_new_binding(tmp_path, binding, line):
     assert_one_error_line(

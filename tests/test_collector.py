@@ -16,17 +16,18 @@ reverb = pytest.importorskip("reverb")
 
 from alf_async.learning import agents  # noqa: E402
 
-from alf_async.distributed import collector
+from alf_async import settings  # noqa: E402
+from alf_async.distributed import collector  # noqa: E402
 from alf_async.environments import suites  # noqa: E402
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, replay_table  # noqa: E402
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 COLLECT_GIN = """
-collect.env_name = 'CartPole-v0'
-collect.agent_fn = @dqn_agent
+collect/Task.env_name = 'CartPole-v0'
+collect/Task.agent_fn = @dqn_agent
 collect.sequence_length = 2
-collect.num_envs = 1
-collect.env_batch_size = 2
+collect/Layout.env_threads = 1
+collect/Layout.rows_per_env_thread = 2
 collect.unroll_length = 4
 collect.variable_update_interval = 0.5
 dqn_agent.fc_layer_params = (16,)
@@ -207,9 +208,10 @@ def test_a_bad_unconfirmed_unrolls_is_refused_before_connecting():
     for value in (0, True, 2.0):          # (alf-async-collect: exit 2 with this line)
         with pytest.raises(ValueError, match=rf"^collect.unconfirmed_unrolls must be an int "
                                              rf">= 1, got {value}\n"):
-            collector.collect(f"localhost:{port}", None, env_name="CartPole-v0",
-                              agent_fn=agents.dqn_agent, unconfirmed_unrolls=value,
-                              connect_deadline_secs=30.0)
+            collector.collect(f"localhost:{port}", None,
+                              task=settings.Task(env_name="CartPole-v0",
+                                                 agent_fn=agents.dqn_agent),
+                              unconfirmed_unrolls=value, connect_deadline_secs=30.0)
 
 
 @pytest.mark.timeout(60)

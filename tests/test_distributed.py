@@ -202,8 +202,8 @@ def test_distributed_configs_parse_for_both_roles(name):
     gin.clear_config()
     # The collector's way (alf-async-collect): the learner's train.* skipped.
     gin.parse_config_files_and_bindings([path], [], skip_unknown=True)
-    assert gin.query_parameter("collect.agent_fn").configurable.name in ("dqn_agent", "sac_agent")
-    assert gin.query_parameter("collect.env_batch_size") == (16 if "dqn" in name else 2)
+    assert gin.query_parameter("collect/Task.agent_fn").configurable.name in ("dqn_agent", "sac_agent")
+    assert gin.query_parameter("collect/Layout.rows_per_env_thread") == (16 if "dqn" in name else 2)
 
 
 def _server():
@@ -364,10 +364,10 @@ def test_a_collector_that_keeps_dying_spends_its_budget_and_raises(tmp_path):
 
 
 COLLECT_GIN = """
-collect.env_name = 'CartPole-v0'
-collect.agent_fn = @dqn_agent
-collect.num_envs = 1
-collect.env_batch_size = 2
+collect/Task.env_name = 'CartPole-v0'
+collect/Task.agent_fn = @dqn_agent
+collect/Layout.env_threads = 1
+collect/Layout.rows_per_env_thread = 2
 collect.unroll_length = 4
 collect.variable_update_interval = 0.5
 dqn_agent.fc_layer_params = (16,)

@@ -43,7 +43,7 @@ TINY = [
     "Layout.rows_per_env_thread = 2",
     "Schedule.rows_per_batch = 2",
     "unroll_table.max_size = 8",
-    "collect.env_batch_size = 2",
+    "collect/Layout.rows_per_env_thread = 2",
     "collect.unroll_length = 4",
     "collect.variable_update_interval = 0.5",
     "VariablePushHook.interval_secs = 0.25",
@@ -289,5 +289,5 @@ def test_ppo_distributed_config_parses_for_both_roles():
     gin.clear_config()
     # The collector's way (alf-async-collect): the learner's train.* skipped.
     gin.parse_config_files_and_bindings([PPO_GIN], [], skip_unknown=True)
-    assert gin.query_parameter("collect.agent_fn").configurable.name == "ppo_agent"
-    assert gin.query_parameter("collect.env_batch_size") == 8
+    assert gin.query_parameter("collect/Task.agent_fn").configurable.name == "ppo_agent"
+    assert gin.query_parameter("collect/Layout.rows_per_env_thread") == 8

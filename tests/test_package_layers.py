@@ -8,6 +8,7 @@ Every `import` in alf_async (module level or inside a function) is read with
     resume | train_checks        what a rerun on a root_dir restores, applies or refuses;
                                  the checks of train()'s arguments
     distributed | serving        built on the learner (siblings: neither imports the other)
+    settings                     train()'s settings groups (collectors build theirs too)
     learning                     the learner, hooks, replayers, agents
     driver                       the asynchronous driver
     environments                 every environment, as a TFEnvironment
@@ -41,13 +42,13 @@ LAYERS = {
     "environments": 1,
     "driver": 2,
     "learning": 3,
-    "distributed": 4,
-    "serving": 4,
-    "resume": 5,
-    "train_checks": 5,
-    "settings": 5,
-    "trainer": 6,
-    "bin": 7,
+    "settings": 4,
+    "distributed": 5,
+    "serving": 5,
+    "resume": 6,
+    "train_checks": 6,
+    "trainer": 7,
+    "bin": 8,
 }
 # testing sits beside the stack: it may import these parts, and none imports it.
 TESTING_MAY_IMPORT = {"_lazy", "tf215_py311_fixes", "roles", "environments", "testing"}

@@ -1,12 +1,12 @@
 """alf-async-collect: one collector process writing to a learner's Reverb server.
 
     alf-async-collect --replay_address HOST:PORT --gin_file gin_configs/F.gin \
-        [--gin_param 'collect.num_envs=4'] [--verbose]
+        [--gin_param 'collect/Layout.env_threads=4'] [--verbose]
     python -m alf_async.bin.collect ...   (the same)
 
 Builds `alf_async.distributed.collector.collect` from the gin files (the learner's
-config: its `train.*` environment and agent bindings are read for
-`collect.*` through gin macros or set directly) and collects until SIGINT /
+config: the collector runs its `Task`, with whatever `collect/Task.*` binds
+over it, and the env threads and rows `collect/Layout.*` binds) and collects until SIGINT /
 SIGTERM (exit 0 at the end of the iteration); once it reached the server
 and built its driver it prints `[alf_async collector] connected to
 ADDRESS; collecting`. A server that cannot be
@@ -85,11 +85,13 @@ def main(argv=None):
     from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
     del replayers, suites  # imported for their gin registrations only
     try:
-        # Unknown configurables of the learner's file (train.*) are the learner's.
+        # Unknown configurables of the learner's file (train, LearnerServer, ...) are
+        # the learner's.
         gin.parse_config_files_and_bindings(args.gin_file, args.gin_param,
                                             skip_unknown=True)
     except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
-        return _error(one_line(e), EXIT_CONFIG_ERROR)
+        from alf_async import settings  # pylint: disable=import-outside-toplevel
+        return _error(settings.moved_binding_error(str(e)) or one_line(e), EXIT_CONFIG_ERROR)
     print(kernel_choice.line("[alf_async collector]"), flush=True)
     stop_event, ended = threading.Event(), threading.Event()
     with stop_on_signals(stop_event, ended):

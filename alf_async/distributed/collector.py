@@ -50,6 +50,7 @@ import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
+from alf_async import settings
 from alf_async.learning import agents  # also registers the agents with gin
 from alf_async.driver import AsyncOffPolicyDriver
 from alf_async.environments import suites
@@ -421,41 +422,42 @@ class Collector(object):
 
 
 @gin.configurable
-def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQUIRED,
-            suite="suite_gym", make_env_constructor=suites.make_env_constructor,
-            sequence_length=None, num_envs=1, env_batch_size=1, num_actor_queues=1,
-            actor_queue_cap=1, unroll_length=8, learn_queue_cap=1, unconfirmed_unrolls=1,
+def collect(replay_address, stop_event, task=None, layout=None, unroll_length=8,
+            rows_per_batch=None, sequence_length=None, unconfirmed_unrolls=1,
             variable_update_interval=1.0, connect_deadline_secs=60.0, seed=None,
             collector_id=0, summary_dir=None, summary_interval_secs=10.0, print_fn=print):
     """Builds a `Collector` writing to `replay_address` (gin: `collect.*`;
     the agent's own bindings are the learner's).
 
+    The collector runs the learner's `Task` and a `Layout` of its own, each
+    built from gin in the scope `collect`: `collect/Layout.env_threads = 2`
+    binds this collector's env threads, and a field it leaves unbound is
+    the learner's (`Task.env_name`, `Task.agent_fn`, ...).
+
     Args:
         replay_address: 'host:port' of the learner's Reverb server.
         stop_event: a `threading.Event` that ends `run()`.
-        env_name: as `trainer.train`'s.
-        agent_fn: as `trainer.train`'s.
-        suite: as `trainer.train`'s.
-        make_env_constructor: as `trainer.train`'s.
-        num_envs: as `trainer.train`'s.
-        env_batch_size: as `trainer.train`'s.
-        num_actor_queues: as `trainer.train`'s.
-        actor_queue_cap: as `trainer.train`'s.
-        unroll_length: as `trainer.train`'s.
-        learn_queue_cap: as `trainer.train`'s.
-        unconfirmed_unrolls: unrolls per row written and not yet confirmed
-            by the server before the collector waits (1: a round trip per
-            unroll; more for a link with a long round trip, which then
-            needs the room in `replay_table.error_buffer`).
-        seed: as `trainer.train`'s.
+        task: a `settings.Task` (None: `collect/Task` from gin); its
+            replayer_fn is not used.
+        layout: a `settings.Layout` of this collector's env threads and rows
+            (None: `collect/Layout` from gin).
+        unroll_length: steps per unroll of its driver.
+        rows_per_batch: rows in each batch its driver hands the writers; a
+            multiple of the layout's rows_per_env_thread (None: one env
+            thread's rows).
         sequence_length: steps per replay item (the learner's
             `ReverbReplayer.sequence_length`); None: the replay table's
             (its signature's leading dimension). A queue of unrolls'
             items (T + 1 steps) are written every T steps.
+        unconfirmed_unrolls: unrolls per row written and not yet confirmed
+            by the server before the collector waits (1: a round trip per
+            unroll; more for a link with a long round trip, which then
+            needs the room in `replay_table.error_buffer`).
         variable_update_interval: seconds between variable pulls (and
             stats reports, if the server has a `collector_stats` table).
         connect_deadline_secs: how long to retry an unreachable server (at
             start, and once collecting: then `run()` raises UnreachableError).
+        seed: seeds TF's global generator and the environments (None: unseeded).
         collector_id: this collector's number (its reports carry it; the
             learner's launcher sets it).
         summary_dir: where the collector writes its own summaries (None: none).
@@ -465,9 +467,18 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
     Raises:
         UnreachableError: no server at `replay_address` by the deadline.
         ValueError: the table does not fit the agent (a queue of unrolls
-            for an agent that trains on a replay table, or the reverse).
+            for an agent that trains on a replay table, or the reverse), or
+            `rows_per_batch` is not a whole number of env threads' rows.
     """
     _check_unconfirmed_unrolls(unconfirmed_unrolls)  # before any connection
+    with gin.config_scope("collect"):
+        task = task or settings.Task()
+        layout = layout or settings.Layout()
+    rows_per_batch = rows_per_batch or layout.rows_per_env_thread
+    if rows_per_batch % layout.rows_per_env_thread:
+        raise ValueError(f"collect.rows_per_batch {rows_per_batch} is not a whole number of "
+                         f"env threads' rows (collect/Layout.rows_per_env_thread "
+                         f"{layout.rows_per_env_thread}): make it a multiple")
     client = wait_for_server(replay_address, connect_deadline_secs, print_fn)
     if sequence_length is None:
         sequence_length = table_sequence_length(client)
@@ -476,10 +487,10 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
     queue = is_unroll_queue(info[REPLAY_TABLE])
     if seed is not None:
         tf.random.set_seed(seed)
-    spec_env = suites.load(suite, env_name, batch_size=1)
+    spec_env = suites.load(task.suite, task.env_name, batch_size=1)
     try:
         train_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
-        agent = agent_fn(spec_env.time_step_spec(), spec_env.action_spec(), train_step)
+        agent = task.agent_fn(spec_env.time_step_spec(), spec_env.action_spec(), train_step)
         agent.initialize()
     finally:
         spec_env.close()
@@ -497,10 +508,11 @@ def collect(replay_address, stop_event, env_name=gin.REQUIRED, agent_fn=gin.REQU
                          period=sequence_length - 1 if queue else 1)
     watch = ServerWatch(client, replay_address, connect_deadline_secs, print_fn)
     driver = AsyncOffPolicyDriver(
-        make_env_constructor(suite, env_name, batch_size=env_batch_size, seed=seed),
-        policy, num_envs=num_envs, num_actor_queues=num_actor_queues,
-        unroll_length=unroll_length, learn_queue_cap=learn_queue_cap,
-        actor_queue_cap=actor_queue_cap,
+        task.make_env_constructor(task.suite, task.env_name,
+                                  batch_size=layout.rows_per_env_thread, seed=seed),
+        policy, num_envs=layout.env_threads, num_actor_queues=layout.actor_queues,
+        unroll_length=unroll_length, actor_queue_cap=layout.actor_queue_cap,
+        learn_queue_cap=rows_per_batch // layout.rows_per_env_thread,
         exp_observers=[PacedWrite(writers, unroll_length, stop_event, watch,
                                    unconfirmed_unrolls)])
     container = reverb_variable_container.ReverbVariableContainer(
