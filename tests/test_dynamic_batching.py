@@ -1,8 +1,10 @@
 """Dynamic batching and row-by-row stepping, exactly: actors batch whatever
-rows are waiting (1 to the cap), every row gets its own action and policy
+rows are waiting (1 to the cap), requests of env threads waiting together
+are merged into one forward pass, every row gets its own action and policy
 state, rows of a blocking batch step at their own pace, and stop works while
 actors wait for a batch."""
 
+import threading
 import time
 
 import numpy as np
@@ -13,7 +15,8 @@ from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.testing.envs import (OBS_COUNTER, OBS_ENV, OBS_STEP, BlockingCountingEnv,
-                                    CountingEnvConstructor, straggler_latency, uniform_latency)
+                                    CountingEnv, CountingEnvConstructor, straggler_latency,
+                                    uniform_latency)
 from alf_async.testing.policies import StatefulCountingPolicy, expected_counting_action
 from conftest import driver_threads
 
@@ -37,10 +40,13 @@ class BatchSizePolicy(tf_policy.TFPolicy):
         raise NotImplementedError
 
 
-def make(constructor, policy_cls, **kwargs):
+def make_policy(policy_cls):
     env = CountingEnvConstructor()()
-    return AsyncOffPolicyDriver(constructor, policy_cls(env.time_step_spec(),
-                                                        env.action_spec()), **kwargs)
+    return policy_cls(env.time_step_spec(), env.action_spec())
+
+
+def make(constructor, policy_cls, **kwargs):
+    return AsyncOffPolicyDriver(constructor, make_policy(policy_cls), **kwargs)
 
 
 def collect_until(driver, done, max_batches):
@@ -113,19 +119,76 @@ def test_rows_with_random_latencies_each_get_their_own_actions_in_every_batch_si
         assert exp.observation.shape == (B, T, 3) and env_ids.shape == (B,)
 
 
-def test_graph_env_threads_are_batched_from_one_thread_to_the_cap():
-    B, num_envs, cap = 2, 4, 3
-    driver = make(CountingEnvConstructor(batch_size=B), BatchSizePolicy, num_envs=num_envs,
-                  unroll_length=4, learn_queue_cap=2, actor_queue_cap=cap)
+class GatedPassPolicy(tf_policy.TFPolicy):
+    """CountingPolicy's action; its info is [forward pass number, rows in
+    that pass], so the trajectories say which steps one forward pass acted
+    for. The first forward pass records its rows in `first_rows`, then
+    waits for a token in `gate` (a TF queue the test fills): the test
+    decides when it ends."""
+
+    def __init__(self, time_step_spec, action_spec):
+        super().__init__(time_step_spec, action_spec,
+                         info_spec=tf.TensorSpec([2], tf.int32, name="pass_and_rows"))
+        self.gate = tf.queue.FIFOQueue(2, tf.int32, shapes=[])
+        self.passes = tf.Variable(0, dtype=tf.int32, trainable=False)  # forward passes begun
+        self.first_rows = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+    def _action(self, time_step, policy_state, seed):
+        action = tf.cast(expected_counting_action(time_step.observation), tf.int32)
+        rows = tf.shape(action)[0]
+        number = self.passes.assign_add(1).read_value() - 1
+
+        def wait_at_the_gate():
+            with tf.control_dependencies([self.first_rows.assign(rows)]):
+                return self.gate.dequeue() * 0 + number
+
+        number = tf.cond(tf.equal(number, 0), wait_at_the_gate, lambda: number)
+        return policy_step.PolicyStep(action, policy_state,
+                                      tf.tile(tf.stack([number, rows])[None], [rows, 1]))
+
+    def _distribution(self, time_step, policy_state):
+        raise NotImplementedError
+
+
+def test_requests_of_env_threads_waiting_together_are_merged_into_one_forward_pass():
+    B, num_envs, cap = 2, 3, 2
+    policy = make_policy(GatedPassPolicy)
+    driver = AsyncOffPolicyDriver(CountingEnvConstructor(batch_size=B), policy,
+                                  num_envs=num_envs, unroll_length=4, learn_queue_cap=2,
+                                  actor_queue_cap=cap)
     driver.start()
     try:
+        # The first forward pass holds 1 or 2 env threads' first requests and
+        # waits at the gate until the others' are waiting in the actor queue.
+        deadline = time.monotonic() + 60
+        while int(policy.first_rows) // B + driver.get_perf_stats()[
+                "actor_queue_sizes"][0] < num_envs:
+            assert time.monotonic() < deadline, "the env threads' first requests never waited"
+            time.sleep(0.01)
+        policy.gate.enqueue(0)
         batches = collect_until(driver, lambda b: len(rows_by_env(b)) == num_envs * B, 300)
         batches += collect_until(driver, lambda b: False, 40)
     finally:
+        policy.gate.enqueue(0)  # (the gate holds 2: no wait if the test failed before)
         driver.stop()
-    sizes = batch_sizes(batches)
-    # Whole requests of B rows, at most `cap` env threads' worth per forward pass.
-    assert set(sizes) <= {2, 4, 6} and sizes
+    rows = rows_by_env(batches)
+    # The forward pass of each env thread's first step: both rows of a thread in one.
+    first_pass = {}
+    for env_id, unrolls in rows.items():
+        first_pass.setdefault(env_id // B, set()).add(tuple(unrolls[0].policy_info[0]))
+    assert sorted(first_pass) == list(range(num_envs))
+    assert all(len(passes) == 1 for passes in first_pass.values()), first_pass
+    threads_in = {}
+    for thread, [(number, pass_rows)] in first_pass.items():
+        threads_in.setdefault((number, pass_rows), []).append(thread)
+    # Passes 0 and 1 served the three first requests (the cap is 2): one of
+    # them served two env threads at once, exactly their 2 x B rows.
+    assert sorted(number for number, _ in threads_in) == [0, 1], threads_in
+    [(merged, threads)] = [(key, t) for key, t in threads_in.items() if len(t) == 2]
+    assert merged[1] == 2 * B, threads_in
+    # Every pass took whole requests of B rows, at most `cap` of them.
+    sizes = {int(r) for exp, _ in batches for r in exp.policy_info[..., 1].ravel()}
+    assert sizes <= {B, 2 * B} and 2 * B in sizes, sizes
     assert_continuous_and_routed(batches, num_envs * B)
     stats = driver.get_perf_stats()
     assert stats["actor_rows"] >= stats["env_steps"]
@@ -175,17 +238,52 @@ def assert_straggler_never_holds_up_the_others(driver, B, T):
         assert_row_continuous_and_routed(r, rows[r])
 
 
+class StepsUntilClosed(CountingEnv):
+    """A CountingEnv whose every step waits until the environment is closed
+    (a remote simulator that does not answer), declaring `blocking_step`:
+    its close() wakes a step, from any thread, as that promises. Each step
+    releases `entered` as it begins to wait."""
+
+    blocking_step = True
+
+    def __init__(self, entered, **kwargs):
+        super().__init__(**kwargs)
+        self._entered = entered
+        self._closing = threading.Event()
+
+    def _step(self, action):
+        self._entered.release()
+        self._closing.wait(60)
+        return super()._step(action)
+
+    def close(self):
+        self._closing.set()
+        super().close()
+
+
 def test_stop_while_the_actor_waits_for_a_batch():
-    # Every row is inside a 1 s step, so the actor waits on an empty queue
-    # and the learner on an empty learn queue.
-    driver = make(CountingEnvConstructor(batch_size=2, env_cls=BlockingCountingEnv,
-                                         latency=1.0),
+    # Every row is inside a step that waits until stop closes its
+    # environment, so the actor waits on an empty queue and the learner on
+    # an empty learn queue.
+    entered = threading.Semaphore(0)
+    driver = make(CountingEnvConstructor(batch_size=2, env_cls=StepsUntilClosed,
+                                         entered=entered),
                   BatchSizePolicy, num_envs=2, unroll_length=2, stop_grace_period_secs=4.0)
     driver.start()
-    time.sleep(0.5)
-    stats = driver.get_perf_stats()
-    assert stats["actor_queue_sizes"] == [0] and stats["actor_rows"] == 4  # the first requests
-    start = time.monotonic()
-    driver.stop()
+    try:
+        for _ in range(4):
+            assert entered.acquire(timeout=60), "a row never stepped"
+        # The 4 first requests were served (the actor counts a batch's rows
+        # just after sending its replies); no row can ask again.
+        deadline = time.monotonic() + 30
+        while driver.get_perf_stats()["actor_rows"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stats = driver.get_perf_stats()
+        assert stats["actor_queue_sizes"] == [0] and stats["actor_rows"] == 4
+        assert stats["learn_queue_size"] == 0 and stats["env_steps"] == 0
+    finally:
+        start = time.monotonic()
+        driver.stop()
     assert time.monotonic() - start < 5.0
     assert not driver_threads()
