@@ -86,6 +86,18 @@ def test_train_takes_the_settings_groups():
         "collectors", "stop_event", "print_fn"]
 
 
+def test_every_moved_binding_names_a_real_one():
+    import gin as gin_lib  # pylint: disable=import-outside-toplevel
+    from alf_async import settings  # noqa: F401  (registers the groups)  pylint: disable=import-outside-toplevel
+    from alf_async.distributed import collector  # noqa: F401  pylint: disable=import-outside-toplevel
+    from alf_async.bin import moved_bindings  # pylint: disable=import-outside-toplevel
+    for old, new in moved_bindings.MOVED_BINDINGS.items():
+        selector, name = new.rsplit(".", 1)
+        configurable = gin_lib.config._REGISTRY.get_match(selector.split("/")[-1])  # pylint: disable=protected-access
+        assert configurable is not None, (old, new)
+        assert name in inspect.signature(configurable.wrapped).parameters, (old, new)
+
+
 @pytest.mark.parametrize("binding, line", [
     ("train.num_envs = 2", "train.num_envs moved: bind Layout.env_threads instead "
                            "(docs/training.md lists every setting)"),

@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 
+from alf_async.bin import moved_bindings
 from alf_async.tf215_py311_fixes import quiet
 from alf_async.bin.train import (ConfigError, check_gin_files, choose_kernels, say_on_stderr,
                                   stop_on_signals)
@@ -90,8 +91,8 @@ def main(argv=None):
         gin.parse_config_files_and_bindings(args.gin_file, args.gin_param,
                                             skip_unknown=True)
     except Exception as e:  # pylint: disable=broad-except  (any parse error is the config's)
-        from alf_async import settings  # pylint: disable=import-outside-toplevel
-        return _error(settings.moved_binding_error(str(e)) or one_line(e), EXIT_CONFIG_ERROR)
+        return _error(moved_bindings.moved_binding_error(str(e)) or one_line(e),
+                      EXIT_CONFIG_ERROR)
     print(kernel_choice.line("[alf_async collector]"), flush=True)
     stop_event, ended = threading.Event(), threading.Event()
     with stop_on_signals(stop_event, ended):

@@ -52,7 +52,7 @@ import threading
 from alf_async import kernels
 from alf_async.errors import ConfigError
 from alf_async.tf215_py311_fixes import quiet
-from alf_async.bin import train_help
+from alf_async.bin import moved_bindings, train_help
 
 PROG = "alf-async-train"
 EXIT_CONFIG_ERROR = 2
@@ -184,8 +184,7 @@ def parse_gin(gin_files, gin_params):
 def _gin_error(error, one_line):
     """gin's parse error on one line, without Python's "malformed node" part;
     a binding that moved from `train.*` is named with its new binding."""
-    from alf_async import settings  # pylint: disable=import-outside-toplevel
-    moved = settings.moved_binding_error(str(error))
+    moved = moved_bindings.moved_binding_error(str(error))
     if moved is not None:
         return moved
     text = " | ".join(part for part in one_line(error).split(" | ")

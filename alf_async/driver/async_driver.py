@@ -34,12 +34,14 @@ import time
 
 import tensorflow as tf
 
+from alf_async import roles
 from alf_async.tf215_py311_fixes import eager_tensor_fix, protocol_check_fix
 from alf_async.driver import metrics as metrics_lib
 from alf_async.driver.acting import own_action
 from alf_async.driver.actor_thread import ActorThread
 from alf_async.driver.env_setup import check_specs, close_envs, make_envs
 from alf_async.driver.env_thread import EnvThread
+from alf_async.driver.health import DriverHealth
 from alf_async.driver.log_thread import LogThread
 from alf_async.driver.queues import QUEUE_CLOSED_ERRORS, TFQueues, check_pacing, check_queue_config
 from alf_async.driver.stepping import ROWS, stepping_of, warn_if_few_inter_op_threads
@@ -60,7 +62,7 @@ class DriverStoppedError(RuntimeError):
     """run_async()/get_training_exps() was called on, or woken by, a stopped driver."""
 
 
-class AsyncOffPolicyDriver(object):
+class AsyncOffPolicyDriver(roles.BatchSource):
     """Runs `num_envs` environments and batched actors in threads; feeds a learner."""
 
     def __init__(self, env_constructor, policy, num_envs=1, num_actor_queues=1, unroll_length=8,
@@ -284,6 +286,10 @@ class AsyncOffPolicyDriver(object):
     def get_step_metrics(self):
         """[NumberOfEpisodes, EnvironmentSteps]."""
         return self._metrics[:2]
+
+    def health(self):
+        """The driver's health as summary scalars (`health.DriverHealth`)."""
+        return DriverHealth(self)
 
     def get_perf_stats(self):
         """Cumulative counters of the threads (read without locks: a snapshot).

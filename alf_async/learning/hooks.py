@@ -28,8 +28,6 @@ import time
 import tensorflow as tf
 
 from alf_async.driver import metrics as metrics_lib
-from alf_async import roles
-from alf_async.driver.health import DriverHealth
 from alf_async.learning import checkpoint_files
 from alf_async.learning.learner import Hook, crossed
 from alf_async.learning.scalar_summaries import ScalarSummaries, metric_points
@@ -49,10 +47,7 @@ class SummaryHook(Hook):
             raise ValueError("SummaryHook needs a Learner with a summary_writer")
         self._summaries = ScalarSummaries(learner.summary_writer)
         self._summaries.warm_up()   # while the driver collects its first batch
-        driver = learner.driver
-        # A BatchSource (the driver, a Reverb feed) gives its own health.
-        self._health = (driver.health() if isinstance(driver, roles.BatchSource)
-                        else DriverHealth(driver))
+        self._health = learner.driver.health()   # a roles.BatchSource's
 
     def after_iteration(self, learner, train_step_before, train_step):
         if crossed(train_step_before, train_step, self._interval):

@@ -33,8 +33,7 @@ start-up one helper thread (`WarmUp`) instantiates that graph with a dry
 call (0 steps; otherwise TF does it inside the first real call) while the
 driver collects its first batch and this thread traces the replayer's
 write and the hooks build their graphs in `begin` (the evaluation, the
-summaries' write). On `ppo_cartpole.gin` this start-up is most of a solve
-(docs/performance.md, "CartPole (`ppo_cartpole.gin`)").
+summaries' write); docs/performance.md says what start-up costs a solve.
 
 Threads: `run()` runs on the caller's thread (the learner's); the driver's
 threads act and collect meanwhile. It blocks in `run_async()` (until the
@@ -50,6 +49,7 @@ import time
 import tensorflow as tf
 from tf_agents.utils import common
 
+from alf_async import roles
 from alf_async.driver import DriverStoppedError
 from alf_async.learning.warm_up import WarmUp
 
@@ -104,7 +104,8 @@ class Learner(object):
     Args:
         agent: a tf-agents TFAgent whose `collect_policy` the driver acts
             with; None trains nothing (the learner only takes batches).
-        driver: an AsyncOffPolicyDriver, not started.
+        driver: the `roles.BatchSource` batches come from (the driver or a
+            Reverb feed), not started; None: a learner that only trains.
         replayer: an `alf_async.learning.replayers.Replayer` the driver feeds (one of
             its exp_observers, directly or not); needed with an agent.
         train_steps_per_iteration: agent.train calls per iteration (one
@@ -127,6 +128,9 @@ class Learner(object):
                  summary_writer=None, summary_interval=100, stop_event=None):
         if agent is not None and replayer is None:
             raise ValueError("a Learner with an agent needs the replayer it samples from")
+        if driver is not None and not isinstance(driver, roles.BatchSource):
+            raise TypeError(f"a Learner's driver is a roles.BatchSource (the driver or a "
+                            f"Reverb feed), got {type(driver).__name__}")
         self._agent = agent
         self._driver = driver
         self._replayer = replayer
