@@ -4,7 +4,7 @@
                               samples_per_insert=4.0, min_size=1000)
     driver = AsyncOffPolicyDriver(..., exp_observers=[replayer])
 
-The same `Replayer` interface as `UniformReplayer` (replayers.py), backed by
+The same `Replayer` interface as `UniformReplayer` (uniform_replayer.py), backed by
 a Reverb server: in this process (the default; `checkpoint_dir` makes it
 checkpointable) or elsewhere (`server_address`, e.g. a learner's server that
 collector processes write to).
@@ -74,7 +74,7 @@ import reverb
 import tensorflow as tf
 
 from alf_async import roles
-from alf_async.learning.replayers import Replayer
+from alf_async.learning.replayer_base import Replayer
 from alf_async.tf215_py311_fixes import quiet
 
 REPLAY_TABLE = "replay"

@@ -4,8 +4,10 @@
   `run_async()`, replay, train, hooks, stop on every exit path), and `Hook`.
 - `hooks.py`: the hooks `train()` uses (summaries, evaluation, checkpoints,
   progress lines).
-- `replayers.py`: `OneTimeReplayer`, `UniformReplayer` (one ring per
-  environment row) and the `Replayer` interface.
+- `replayers.py`: the replayers from one import path: the `Replayer`
+  interface (`replayer_base.py`), `OneTimeReplayer`
+  (`one_time_replayer.py`), `UniformReplayer` (`uniform_replayer.py`: one
+  ring per environment row).
 - `agents.py`: the DQN and SAC builders gin configs name (`dqn_agent`,
   `sac_agent`); `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the
   train step while the driver collects; `random_start.py`: uniform random
@@ -20,9 +22,9 @@ _EXPORTS = {
     "Learner": "learner",
     "LearnerCounters": "learner",
     "Hook": "learner",
-    "Replayer": "replayers",
-    "OneTimeReplayer": "replayers",
-    "UniformReplayer": "replayers",
+    "Replayer": "replayer_base",
+    "OneTimeReplayer": "one_time_replayer",
+    "UniformReplayer": "uniform_replayer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -60,7 +60,7 @@ import gin
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.learning.replayers import UniformReplayer, _earlier_same_row
+from alf_async.learning.uniform_replayer import UniformReplayer, _earlier_same_row
 
 # The values of `starts` (see the module docstring).
 _CONTINUES = 0

@@ -35,7 +35,7 @@ import collections
 import tensorflow as tf
 from tf_agents.policies import tf_policy
 
-from alf_async.learning.replayers import Replayer
+from alf_async.learning.replayer_base import Replayer
 
 StampedInfo = collections.namedtuple("StampedInfo", ["info", "train_step"])
 StampedInfo.__doc__ = """A stamped policy's `policy_info`.
