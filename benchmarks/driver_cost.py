@@ -167,7 +167,7 @@ def constructors(path, episode_length=200):
                                           env_cls=cls, **kwargs)()
         return make, make, lambda: cls(episode_length=episode_length, **kwargs)
     if path in ("envpool", "envpool_lockstep"):
-        from alf_async.environments import suite_envpool   # pylint: disable=import-outside-toplevel
+        from alf_async.environments.suites import suite_envpool   # pylint: disable=import-outside-toplevel
         stepping = "rows" if path == "envpool" else "lockstep"
         return ((lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
                                               stepping=stepping)),
@@ -177,7 +177,7 @@ def constructors(path, episode_length=200):
         import functools   # pylint: disable=import-outside-toplevel
         from alf_async.environments import subprocess_env_constructor  # pylint: disable=import-outside-toplevel
         one = functools.partial(CountingEnv, episode_length=episode_length)
-        from alf_async.environments.subprocess_env import SubprocessEnv  # pylint: disable=import-outside-toplevel
+        from alf_async.environments.processes.subprocess_env import SubprocessEnv  # pylint: disable=import-outside-toplevel
         return ((lambda b: subprocess_env_constructor(one, num_envs=b)()),
                 (lambda b: subprocess_env_constructor(one, num_envs=b)()),
                 lambda: SubprocessEnv(one))
@@ -235,7 +235,7 @@ def external_round(layout, queues, seconds, unroll_length):
     import numpy as np   # pylint: disable=import-outside-toplevel
     from tf_agents.specs import array_spec   # pylint: disable=import-outside-toplevel
     from alf_async.environments import ExternalEnv   # pylint: disable=import-outside-toplevel
-    from alf_async.environments.episode_records import ExternalEnvStoppedError  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.episode_records import ExternalEnvStoppedError  # pylint: disable=import-outside-toplevel
     threads, rows = layout
     obs_spec = array_spec.ArraySpec((3,), np.float32, "observation")
     act_spec = array_spec.BoundedArraySpec((), np.int32, 0, 1, "action")

@@ -3,7 +3,7 @@
 Writes --steps logged steps of CartPole-shaped episodes (observation float32
 [4], action int64 in {0, 1}, --episode_length steps each, every tenth cut
 short) with EpisodeLogWriter to a temporary file, then loads them with
-`alf_async.environments.offline.load_into_replayer` into a UniformReplayer
+`alf_async.environments.external.offline.load_into_replayer` into a UniformReplayer
 of --rows rows, --repeats times, and prints logged steps per second of each
 load (the first includes tracing the replayer's write). docs/performance.md
 has the current figures.
@@ -20,7 +20,7 @@ import numpy as np
 
 
 def write_logs(path, steps, episode_length):
-    from alf_async.environments.offline import EpisodeLogWriter  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.offline import EpisodeLogWriter  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng(0)
     with EpisodeLogWriter(path) as log:
         written, e = 0, 0
@@ -47,7 +47,7 @@ def main():
     import tensorflow as tf
     from tf_agents.specs import tensor_spec
     from tf_agents.trajectories import trajectory
-    from alf_async.environments.offline import load_into_replayer
+    from alf_async.environments.external.offline import load_into_replayer
     from alf_async.learning.replayers import UniformReplayer
     data_spec = trajectory.Trajectory(
         step_type=tf.TensorSpec((), tf.int32), observation=tf.TensorSpec((4,), tf.float32),

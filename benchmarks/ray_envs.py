@@ -29,8 +29,8 @@ import tensorflow as tf  # noqa: E402
 from tf_agents.environments import tf_py_environment  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
-from alf_async.environments import ray_env  # noqa: E402
-from alf_async.environments.gym_batch import BatchedGymEnv  # noqa: E402
+from alf_async.environments.processes import ray_env  # noqa: E402
+from alf_async.environments.suites.gym_batch import BatchedGymEnv  # noqa: E402
 from alf_async.environments import subprocess_env_constructor  # noqa: E402
 from alf_async.testing.envs import cartpole, slow_cartpole  # noqa: E402
 from alf_async.testing.policies import dqn_collect_policy  # noqa: E402

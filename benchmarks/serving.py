@@ -226,7 +226,7 @@ def serve_and_measure(client_counts, seconds, steps, slots, slots_per_env, in_pr
     from tf_agents.agents.dqn import dqn_agent
     from tf_agents.networks import q_network
     from alf_async import AsyncOffPolicyDriver
-    from alf_async.environments.external_env import specs_from_gym
+    from alf_async.environments.external.external_env import specs_from_gym
     from alf_async.learning.learner import Learner
     from alf_async.serving import PolicyServerEnv
 

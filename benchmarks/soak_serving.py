@@ -32,7 +32,7 @@ def serve(slots, report_secs):
     import tensorflow as tf
     from alf_async import AsyncOffPolicyDriver
     from alf_async.learning import agents, replayers
-    from alf_async.environments.external_env import specs_from_gym
+    from alf_async.environments.external.external_env import specs_from_gym
     from alf_async.learning.learner import Learner
     from alf_async.serving import PolicyServerEnv
     from tf_agents.utils import common

@@ -192,7 +192,7 @@ def floors(agent, time_step_spec, secs, rows):
     envpool_id = ENVPOOL_IDS.get(env_name, env_name if env_name in ENVPOOL_IDS.values() else None)
     if envpool_id is not None:
         try:
-            from alf_async.environments import suite_envpool
+            from alf_async.environments.suites import suite_envpool
             pool = suite_envpool.make_env(envpool_id, batch_size=rows, seed=0,
                                           recv_batch_size=rows)
         except ValueError as e:   # envpool not installed

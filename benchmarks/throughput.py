@@ -32,7 +32,7 @@ import gym
 from tf_agents.environments import batched_py_environment, suite_gym, tf_py_environment
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.environments.gym_batch import BatchedGymEnv
+from alf_async.environments.suites.gym_batch import BatchedGymEnv
 from alf_async.testing.policies import dqn_collect_policy
 import host_info  # benchmarks/ is this script's directory
 from usage import measure_driver, measure_dynamic_step_driver, measure_env_only, parse_layout

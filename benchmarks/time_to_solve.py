@@ -100,7 +100,8 @@ def run_sync(seed, cap, sync_env, prebuild):
     import unroll_sync  # benchmarks/ is this script's directory
 
     from alf_async.learning import agents, evaluation
-    from alf_async.environments import gym_batch, suites
+    from alf_async.environments.suites import gym_batch
+    from alf_async.environments import suites
 
     q = gin.query_parameter
     env_name = q("Task.env_name")

@@ -308,7 +308,8 @@ def _unit_gaussian(path, t):
 def _sync_envs(sync_env, suite, env_name, num_rows, seed):
     from tf_agents.environments import batched_py_environment, tf_py_environment
 
-    from alf_async.environments import suites, suite_gymnasium
+    from alf_async.environments import suites
+    from alf_async.environments.suites import suite_gymnasium
     if sync_env == "gymnasium" and suite == "suite_gymnasium":
         py_envs = [suite_gymnasium.load(env_name, seed=seed + i) for i in range(num_rows)]
         return tf_py_environment.TFPyEnvironment(

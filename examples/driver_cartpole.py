@@ -21,7 +21,7 @@ from tf_agents.environments import tf_py_environment  # noqa: E402
 from tf_agents.networks import q_network  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
-from alf_async.environments.gym_batch import load_batched  # noqa: E402
+from alf_async.environments.suites.gym_batch import load_batched  # noqa: E402
 from alf_async.learning.learner import Hook, Learner  # noqa: E402
 from alf_async.driver.metrics import by_name  # noqa: E402
 

@@ -35,7 +35,7 @@ from tf_agents.trajectories import time_step as ts  # noqa: E402
 from tf_agents.utils import common  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
-from alf_async.environments.external_env import specs_from_gym  # noqa: E402
+from alf_async.environments.external.external_env import specs_from_gym  # noqa: E402
 from alf_async.learning.learner import Hook, Learner  # noqa: E402
 from alf_async.driver.metrics import by_name  # noqa: E402
 from alf_async.learning.replayers import UniformReplayer  # noqa: E402

@@ -2,15 +2,15 @@
 
 1. A scripted controller (push the cart toward where the pole leans, with
    `--epsilon` random actions) plays gym's CartPole-v0 and its episodes are
-   written as JSON lines (alf_async.environments.offline.EpisodeLogWriter).
+   written as JSON lines (alf_async.environments.external.offline.EpisodeLogWriter).
    Episodes stopped by the 200-step time limit are written without `done`:
    their unknown last transition is never trained on.
 2. The logs are loaded straight into a uniform replay buffer
-   (alf_async.environments.offline.load_into_replayer: no driver, no policy
+   (alf_async.environments.external.offline.load_into_replayer: no driver, no policy
    inference per logged step; the *logged* actions are what it holds), and a
    DQN agent trains from it. The simulator is not in the loop. (For logs
    that arrive while training runs, an OfflineEnv feeds them through the
-   driver instead: see alf_async/environments/offline.py.)
+   driver instead: see alf_async/environments/external/offline.py.)
 3. The TD loss is printed as it falls (the mean of every 250 train steps),
    and the greedy policy is played on the real CartPole before and after
    training.
@@ -51,7 +51,7 @@ def scripted_action(obs, rng, epsilon):
 
 def generate_logs(path, num_episodes, epsilon, seed=0):
     """Plays the scripted policy; writes its episodes; returns their returns."""
-    from alf_async.environments.offline import EpisodeLogWriter  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.offline import EpisodeLogWriter  # pylint: disable=import-outside-toplevel
     env = gym.make("CartPole-v0")
     rng = np.random.default_rng(seed)
     returns = []
@@ -143,7 +143,7 @@ def main(argv=None):
 
 
 def run(args, log_dir):
-    from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
     from alf_async.learning.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
     from serve_cartpole import build_dqn, cartpole_specs  # pylint: disable=import-outside-toplevel
     path = os.path.join(log_dir, "scripted.jsonl")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tf_agents.environments import batched_py_environment, py_environment
 
-from alf_async.environments import gym_batch
-from alf_async.environments.adapters import as_batched_py_environment, as_py_environment
+from alf_async.environments.suites import gym_batch
+from alf_async.environments.suites.adapters import as_batched_py_environment, as_py_environment
 from alf_async.testing.envs import CountingEnv, CountingGymEnv
 
 

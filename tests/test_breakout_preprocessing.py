@@ -12,7 +12,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 from alf_async.driver import metrics as metrics_lib
 
 envpool = pytest.importorskip("envpool")
-from alf_async.environments import suite_envpool  # noqa: E402
+from alf_async.environments.suites import suite_envpool  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 FIRST, MID, LAST = 0, 1, 2

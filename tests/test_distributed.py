@@ -381,7 +381,8 @@ def test_ray_collectors_write_get_restarted_when_killed_and_stop(tmp_path):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from tf_agents.experimental.distributed import reverb_variable_container
     from alf_async.learning import agents
-    from alf_async.environments import ray_env, suites
+    from alf_async.environments.processes import ray_env
+    from alf_async.environments import suites
     gin.parse_config(COLLECT_GIN)
     env = suites.load("suite_gym", "CartPole-v0", batch_size=1)
     step = tf.Variable(3, dtype=tf.int64)

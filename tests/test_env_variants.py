@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from alf_async import trainer  # noqa: E402
 from alf_async import settings
 from alf_async.environments import suites  # noqa: E402
-from alf_async.environments.env_index import building_env, current_env_index  # noqa: E402
+from alf_async.environments.processes.env_index import building_env, current_env_index  # noqa: E402
 from test_trainer import read_scalars  # noqa: E402
 
 GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin_configs")

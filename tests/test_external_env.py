@@ -17,11 +17,11 @@ from tf_agents.specs import array_spec
 from tf_agents.trajectories import policy_step
 
 from alf_async import AsyncOffPolicyDriver
-from alf_async.environments import external_env
+from alf_async.environments.external import external_env
 from alf_async.driver.metrics import by_name
 from alf_async.environments import (ExternalEnv, ExternalEnvFinished, ExternalEnvStoppedError,
                                    TooManyEpisodesError)
-from alf_async.environments.external_env import specs_from_gym
+from alf_async.environments.external.external_env import specs_from_gym
 
 pytestmark = pytest.mark.timeout(60)
 

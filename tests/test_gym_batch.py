@@ -6,7 +6,7 @@ import pytest
 from tf_agents.environments import suite_gym
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.gym_batch import BatchedGymEnv, load_batched
+from alf_async.environments.suites.gym_batch import BatchedGymEnv, load_batched
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -64,7 +64,7 @@ def test_mismatched_spaces_and_dict_observations_are_refused():
 
 def test_gymnasium_envs_step_with_the_same_semantics():
     import gymnasium
-    from alf_async.environments import suite_gymnasium
+    from alf_async.environments.suites import suite_gymnasium
     env = BatchedGymEnv([gymnasium.make("CartPole-v1", max_episode_steps=3) for _ in range(2)],
                         seed=5)
     ref = suite_gymnasium.load("CartPole-v1", max_episode_steps=3, seed=6)

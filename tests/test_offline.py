@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from alf_async.environments import ExternalEnvFinished
-from alf_async.environments.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
-                                            read_episodes)
+from alf_async.environments.external.offline import (EpisodeLogWriter, LogFormatError, OfflineEnv,
+                                                     read_episodes)
 from test_external_env import (ACTION_SPEC, OBS_SPEC, learn_all, make_driver,
                                metric_results, no_external_env_threads_left, policy_action)
 
@@ -106,7 +106,7 @@ def test_logs_load_straight_into_a_replayer_as_the_driver_would_give_them(tmp_pa
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tf_agents.specs import tensor_spec  # pylint: disable=import-outside-toplevel
     from tf_agents.trajectories import trajectory  # pylint: disable=import-outside-toplevel
-    from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
     from alf_async.learning.replayers import UniformReplayer  # pylint: disable=import-outside-toplevel
     path = str(tmp_path / "log.jsonl")
     write_log(path)
@@ -144,7 +144,7 @@ def test_logs_load_straight_into_a_replayer_as_the_driver_would_give_them(tmp_pa
 
 
 def test_a_bad_step_in_a_loaded_log_names_file_and_line(tmp_path):
-    from alf_async.environments.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.external.offline import load_into_replayer  # pylint: disable=import-outside-toplevel
     from tf_agents.specs import tensor_spec  # pylint: disable=import-outside-toplevel
     from tf_agents.trajectories import trajectory  # pylint: disable=import-outside-toplevel
     path = tmp_path / "log.jsonl"

@@ -15,9 +15,9 @@ ray = pytest.importorskip("ray")
 from tf_agents.policies import random_tf_policy  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
-from alf_async.environments import ray_env  # noqa: E402
-from alf_async.environments.ray_env import (RayBatchedEnv, RayEnvCrashError,  # noqa: E402
-                                            ray_env_constructor)
+from alf_async.environments.processes import ray_env  # noqa: E402
+from alf_async.environments.processes.ray_env import (RayBatchedEnv, RayEnvCrashError,  # noqa: E402
+                                                      ray_env_constructor)
 from alf_async.testing.envs import (OBS_STEP, CountingEnv, raising_env,  # noqa: E402
                                    slow_to_build_env)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.recovery import CrashRecovery, truncation
+from alf_async.environments.processes.recovery import CrashRecovery, truncation
 
 FIRST, MID, LAST = ts.StepType.FIRST, ts.StepType.MID, ts.StepType.LAST
 

@@ -449,7 +449,7 @@ def test_the_remote_client_and_the_episode_api_import_no_tensorflow():
     import os  # pylint: disable=import-outside-toplevel
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
-    code = ("import sys, alf_async.serving.client, alf_async.environments.episode_api; "
+    code = ("import sys, alf_async.serving.client, alf_async.environments.external.episode_api; "
             "print(sorted(m for m in ('tensorflow', 'tf_agents') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=dict(os.environ), check=True).stdout

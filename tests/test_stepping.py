@@ -94,9 +94,9 @@ def test_a_stepping_is_not_changed_after_it_is_decided():
 
 def test_every_row_stepper_takes_the_row_stepper_role():
     from alf_async.driver.env_rows import RowWorkers
-    from alf_async.environments.envpool_rows import EnvPoolRows
-    from alf_async.environments.slot_stepper import SlotStepper
-    from alf_async.environments.subprocess_rows import SubprocessRows
+    from alf_async.environments.rows.envpool_rows import EnvPoolRows
+    from alf_async.environments.rows.slot_stepper import SlotStepper
+    from alf_async.environments.rows.subprocess_rows import SubprocessRows
     from alf_async.roles import RowStepper
     for stepper in (RowWorkers, SlotStepper, SubprocessRows, EnvPoolRows):
         assert issubclass(stepper, RowStepper), stepper

@@ -1,4 +1,4 @@
-"""Tests of alf_async.environments.subprocess_env.
+"""Tests of alf_async.environments.processes.subprocess_env.
 
 Exact assertions on the tiny deterministic envs of alf_async.testing.envs
 (`_obs` keeps observation[env_index, step_in_episode]).
@@ -460,7 +460,7 @@ def test_unpicklable_env_constructor_is_refused_in_the_parent():
 _EXIT_SCRIPT = textwrap.dedent("""
     import threading
     from tf_agents.system import multiprocessing as tfa_multiprocessing
-    from alf_async.environments.subprocess_env import SubprocessEnv
+    from alf_async.environments.processes.subprocess_env import SubprocessEnv
     from alf_async.testing import envs
 
     def main(argv):

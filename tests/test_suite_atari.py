@@ -14,8 +14,9 @@ import pytest
 from tf_agents.specs import array_spec
 from tf_agents.trajectories.time_step import StepType
 
-from alf_async.environments import suite_atari, suites
-from alf_async.environments.suite_gymnasium import spec_from_space
+from alf_async.environments.suites import suite_atari
+from alf_async.environments import suites
+from alf_async.environments.suites.suite_gymnasium import spec_from_space
 
 BREAKOUT = "ALE/Breakout-v5"
 NOOP, FIRE = 0, 1

@@ -22,7 +22,8 @@ from tf_agents.policies import random_tf_policy
 
 from alf_async import AsyncOffPolicyDriver
 from alf_async.driver.env_rows import row_envs, row_stepper
-from alf_async.environments import suite_envpool, suites
+from alf_async.environments.suites import suite_envpool
+from alf_async.environments import suites
 from alf_async.environments.capabilities import steps_block
 from conftest import driver_threads
 from test_dynamic_batching import collect_until, rows_by_env

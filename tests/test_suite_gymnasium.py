@@ -7,8 +7,8 @@ from gymnasium import spaces
 from tf_agents.environments import tf_py_environment
 from tf_agents.specs import array_spec
 
-from alf_async.environments import suite_gymnasium
-from alf_async.environments.suite_gymnasium import GymnasiumWrapper, spec_from_space
+from alf_async.environments.suites import suite_gymnasium
+from alf_async.environments.suites.suite_gymnasium import GymnasiumWrapper, spec_from_space
 
 FIRST, MID, LAST = 0, 1, 2
 

@@ -125,7 +125,8 @@ def test_crash_exits_nonzero_with_the_original_error(tmp_path):
     helper.write_text(
         "import gym\n"
         "from tf_agents.environments import tf_py_environment\n"
-        "from alf_async.environments import gym_batch, suites\n"
+        "from alf_async.environments import suites\n"
+        "from alf_async.environments.suites import gym_batch\n"
         "class Failing(gym.Wrapper):\n"
         "    steps = 0\n"
         "    def step(self, action):\n"

@@ -16,7 +16,8 @@ from alf_async import AsyncOffPolicyDriver, trainer
 from alf_async import settings
 
 from alf_async.learning import agents, replayers
-from alf_async.environments import gym_batch, suites
+from alf_async.environments.suites import gym_batch
+from alf_async.environments import suites
 from alf_async.learning.evaluation import Evaluator
 from alf_async.learning.learner import Learner
 from alf_async.learning.warm_up import WarmUp

@@ -50,7 +50,7 @@ import time
 
 import gin
 
-from alf_async.environments.recovery import CrashRecovery
+from alf_async.environments.processes.recovery import CrashRecovery
 
 # alf-async-collect dies with the process (thread) this names (bin/collect.py).
 PARENT_PID_ENV = "ALF_ASYNC_PARENT_PID"
@@ -291,7 +291,7 @@ class RayCollectors(_Launcher):
     def __init__(self, ray_address=None, ray_num_cpus=None, actor_options=None, **kwargs):
         super().__init__(**kwargs)
         import ray  # pylint: disable=import-outside-toplevel
-        from alf_async.environments.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
+        from alf_async.environments.processes.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
         self._ray = ray
         self._owns_ray = ray_address is None and not ray.is_initialized()
         ensure_ray(ray_address, ray_num_cpus)
@@ -307,7 +307,7 @@ class RayCollectors(_Launcher):
             super().stop()
         finally:
             if self._owns_ray:
-                from alf_async.environments.ray_env import shutdown  # pylint: disable=import-outside-toplevel
+                from alf_async.environments.processes.ray_env import shutdown  # pylint: disable=import-outside-toplevel
                 shutdown()
 
     def actors(self):

@@ -58,7 +58,7 @@ import weakref
 
 import numpy as np
 
-from alf_async.environments import episode_api
+from alf_async.environments.external import episode_api
 from alf_async.serving import protocol
 
 logger = logging.getLogger(__name__)

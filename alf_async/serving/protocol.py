@@ -48,7 +48,7 @@ import json
 
 import numpy as np
 
-from alf_async.environments import episode_api
+from alf_async.environments.external import episode_api
 
 COMMAND_PATH = "/v1/command"
 POLICY_MODEL_PATH = "/v1/policy/model"

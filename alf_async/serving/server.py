@@ -74,9 +74,9 @@ import threading
 import time
 import weakref
 
-from alf_async.environments.external_env import (ExternalEnv, ExternalEnvFinished,
-                                                 ExternalEnvStoppedError,
-                                                 TooManyEpisodesError)
+from alf_async.environments.external.external_env import (ExternalEnv, ExternalEnvFinished,
+                                                          ExternalEnvStoppedError,
+                                                          TooManyEpisodesError)
 from alf_async.serving import http_front, http_wire, protocol
 
 logger = logging.getLogger(__name__)

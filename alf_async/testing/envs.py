@@ -28,7 +28,7 @@ from tf_agents.environments import batched_py_environment, py_environment, tf_py
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.env_index import current_env_index
+from alf_async.environments.processes.env_index import current_env_index
 
 OBS_ENV, OBS_COUNTER, OBS_STEP = 0, 1, 2
 NUM_ACTIONS = 1000
@@ -366,6 +366,6 @@ def load_pixel_catch(env_name, batch_size=1, seed=None, size=8):
     load function: `suites.register_suite('pixel_catch', load_pixel_catch)`;
     `env_name` is ignored)."""
     del env_name
-    from alf_async.environments import gym_batch  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.suites import gym_batch  # pylint: disable=import-outside-toplevel
     return tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
         [PixelCatchEnv(size) for _ in range(batch_size)], seed=seed))

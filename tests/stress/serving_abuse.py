@@ -94,7 +94,7 @@ def open_connections(served):
 
 def _left_behind():
     """Server threads and ExternalEnv slots still alive/open (after stop)."""
-    from alf_async.environments import external_env
+    from alf_async.environments.external import external_env
     wait_for(lambda: not server_threads(), 5.0)
     return server_threads() + [f"slot {s.index}" for s in external_env.open_slots()]
 

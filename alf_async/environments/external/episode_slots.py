@@ -16,10 +16,10 @@ import time
 
 from tf_agents.trajectories.time_step import StepType
 
-from alf_async.environments.episode_records import (ACT, CUT, END, Current,
-                                                     ExternalEnvFinished,
-                                                     ExternalEnvStoppedError, SlotClosed,
-                                                     dummy_last_step)
+from alf_async.environments.external.episode_records import (ACT, CUT, END, Current,
+                                                             ExternalEnvFinished,
+                                                             ExternalEnvStoppedError, SlotClosed,
+                                                             dummy_last_step)
 
 
 class SlotSide(object):

@@ -58,7 +58,7 @@ import gin
 import numpy as np
 from tf_agents.environments import tf_py_environment
 
-from alf_async.environments import gym_batch
+from alf_async.environments.suites import gym_batch
 
 INSTALL_HINT = "suite_atari needs ale-py and opencv: pip install -e '.[atari]'"
 _gymnasium = None

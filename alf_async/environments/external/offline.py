@@ -58,8 +58,8 @@ import threading
 
 import numpy as np
 
-from alf_async.environments import episode_api
-from alf_async.environments.external_env import ExternalEnv, ExternalEnvStoppedError
+from alf_async.environments.external import episode_api
+from alf_async.environments.external.external_env import ExternalEnv, ExternalEnvStoppedError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ through tf-agents' `suite_gym.wrap_env` or `suite_gymnasium.GymnasiumWrapper`.
 
 from tf_agents.environments import batched_py_environment, py_environment
 
-from alf_async.environments import gym_batch
+from alf_async.environments.suites import gym_batch
 
 
 def _is_gym(env):
@@ -49,7 +49,7 @@ def as_py_environment(env, seed=None):
             if seed is not None:
                 env.seed(seed)
             return suite_gym.wrap_env(env)
-        from alf_async.environments.suite_gymnasium import GymnasiumWrapper
+        from alf_async.environments.suites.suite_gymnasium import GymnasiumWrapper
         return GymnasiumWrapper(env, seed=seed)
     raise TypeError("the env constructor must return a tf_agents PyEnvironment, a gym.Env "
                     f"or a gymnasium.Env, got {type(env).__name__}")

@@ -22,8 +22,8 @@ from tf_agents.environments import py_environment, tf_py_environment
 from tf_agents.utils import nest_utils
 
 from alf_async.environments.capabilities import BlockingStep, Restartable
-from alf_async.environments.subprocess_env import (SubprocessEnv, close_subprocess_envs,
-                                                   create_subprocess_envs)
+from alf_async.environments.processes.subprocess_env import (SubprocessEnv, close_subprocess_envs,
+                                                             create_subprocess_envs)
 
 
 class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep):

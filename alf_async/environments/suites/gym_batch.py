@@ -148,7 +148,7 @@ def is_gymnasium(env):
 
 def _spec_from_space_fn(env):
     if is_gymnasium(env):
-        from alf_async.environments.suite_gymnasium import spec_from_space
+        from alf_async.environments.suites.suite_gymnasium import spec_from_space
         return spec_from_space
     return gym_wrapper.spec_from_gym_space
 

@@ -43,8 +43,8 @@ from typing import Optional, Sequence
 
 import cloudpickle
 
-from alf_async.environments import env_index
-from alf_async.environments.adapters import as_py_environment
+from alf_async.environments.processes import env_index
+from alf_async.environments.suites.adapters import as_py_environment
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from tf_agents.environments import tf_py_environment
 # Imported here so that gin files can bind `suite_atari.*` and
 # `suite_envpool.*` before a game loads; they import ale-py, gymnasium and
 # envpool only when one does.
-from alf_async.environments import suite_atari, suite_envpool
+from alf_async.environments.suites import suite_atari, suite_envpool
 
 _SUITES = {}
 
@@ -49,7 +49,7 @@ def _load_gym(env_name, batch_size, seed, max_episode_steps=None):
     # gym is imported here so that importing suites costs nothing for other suites.
     import gym
 
-    from alf_async.environments import gym_batch
+    from alf_async.environments.suites import gym_batch
     if ":" in env_name:
         # 'module:EnvId' imports the module that registers EnvId first, as
         # gym.make does from gym 0.24 on (our pinned 0.23 makes only ids).
@@ -79,13 +79,13 @@ def _load_gymnasium(env_name, batch_size, seed, max_episode_steps=None):
     except ImportError:
         raise ValueError("suite_gymnasium needs gymnasium: pip install -e '.[gymnasium]'") \
             from None
-    from alf_async.environments import gym_batch
+    from alf_async.environments.suites import gym_batch
     try:
         gymnasium.spec(env_name)
     except gymnasium.error.Error as e:
         raise ValueError(f"suite_gymnasium: unknown gymnasium environment {env_name!r} "
                          f"({e})") from None
-    from alf_async.environments import suite_gymnasium
+    from alf_async.environments.suites import suite_gymnasium
     kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
     return tf_py_environment.TFPyEnvironment(gym_batch.BatchedGymEnv(
         [suite_gymnasium.make(env_name, **kwargs) for _ in range(batch_size)], seed=seed))
@@ -120,8 +120,8 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwar
     `current_env_index()` offsets the seed so that every environment gets
     its own.
     """
-    from alf_async.environments.adapters import as_py_environment
-    from alf_async.environments.env_index import current_env_index
+    from alf_async.environments.suites.adapters import as_py_environment
+    from alf_async.environments.processes.env_index import current_env_index
     index = current_env_index() or 0
     seed = None if seed is None else seed + index
     if suite != "suite_atari" and env_kwargs:
@@ -132,7 +132,7 @@ def make_single_env(suite, env_name, seed=None, max_episode_steps=None, env_kwar
         if max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env.unwrapped, max_episode_steps)
     elif suite == "suite_gymnasium":
-        from alf_async.environments import suite_gymnasium
+        from alf_async.environments.suites import suite_gymnasium
         kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
         env = suite_gymnasium.make(env_name, **kwargs)
     elif suite == "suite_atari":
@@ -172,7 +172,7 @@ def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
         raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not one of "
                          f"{list(SINGLE_ENV_SUITES)}")
     env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
-    from alf_async.environments.subprocess_batched import subprocess_env_constructor
+    from alf_async.environments.processes.subprocess_batched import subprocess_env_constructor
     return subprocess_env_constructor(
         functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
                           env_kwargs),
@@ -198,7 +198,7 @@ def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
         raise ValueError(f"make_ray_env_constructor: batch_size {batch_size} is not a "
                          f"multiple of actors_per_env {actors_per_env}")
     env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
-    from alf_async.environments.ray_env import ray_env_constructor
+    from alf_async.environments.processes.ray_env import ray_env_constructor
     return ray_env_constructor(
         functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
                           env_kwargs),

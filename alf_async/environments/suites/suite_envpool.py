@@ -124,7 +124,7 @@ from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments import capabilities
-from alf_async.environments.envpool_rows import EnvPoolRows, default_recv_batch_size
+from alf_async.environments.rows.envpool_rows import EnvPoolRows, default_recv_batch_size
 
 INSTALL_HINT = "suite_envpool needs envpool: pip install -e '.[envpool]'"
 ATARI_KNOBS = ("repeat_action_probability", "max_num_frames_per_episode", "noop_max",
@@ -262,7 +262,7 @@ def _specs(env_name, atari, pool_spec):
     # pylint: disable=import-outside-toplevel
     from gymnasium import spaces
 
-    from alf_async.environments.suite_gymnasium import spec_from_space
+    from alf_async.environments.suites.suite_gymnasium import spec_from_space
     obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
     if atari:
         stack, height, width = obs_space.shape

@@ -45,7 +45,7 @@ from ray import exceptions as ray_exceptions
 from tf_agents.environments import py_environment, tf_py_environment
 
 from alf_async.environments.capabilities import BlockingStep, Restartable
-from alf_async.environments.recovery import CrashRecovery
+from alf_async.environments.processes.recovery import CrashRecovery
 
 _ACTOR_LOST = (ray_exceptions.RayActorError, ray_exceptions.GetTimeoutError)
 
@@ -111,8 +111,8 @@ class _EnvActor(object):
     stepped as a batch."""
 
     def __init__(self, env_constructor, n, first_index=0):
-        from alf_async.environments.adapters import as_batched_py_environment
-        from alf_async.environments.env_index import building_env
+        from alf_async.environments.suites.adapters import as_batched_py_environment
+        from alf_async.environments.processes.env_index import building_env
         envs = []
         for i in range(n):
             # The constructor may read its index with current_env_index(), as

@@ -147,9 +147,9 @@ from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
 from alf_async.environments.capabilities import AppliedStep, BlockingStep, OffersRowStepper
-from alf_async.environments.episode_api import check_nest
-from alf_async.environments.episodes import (EpisodeTable, ExternalEnvFinished,
-                                             ExternalEnvStoppedError, TooManyEpisodesError)
+from alf_async.environments.external.episode_api import check_nest
+from alf_async.environments.external.episodes import (EpisodeTable, ExternalEnvFinished,
+                                                      ExternalEnvStoppedError, TooManyEpisodesError)
 
 # The names users import from here; the exceptions and check_nest live in
 # episodes.py and episode_api.py.
@@ -272,7 +272,7 @@ class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep, OffersRo
         if not all(isinstance(r, _SlotEnv) and r._table is self._table and not r._batched
                    for r in rows):
             return None
-        from alf_async.environments.slot_stepper import SlotStepper  # pylint: disable=import-outside-toplevel
+        from alf_async.environments.rows.slot_stepper import SlotStepper  # pylint: disable=import-outside-toplevel
         return SlotStepper(self._table, rows, on_step)
 
 

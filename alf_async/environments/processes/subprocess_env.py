@@ -84,10 +84,10 @@ from typing import Any, Callable, List, Optional, Sequence
 import cloudpickle
 from tf_agents.environments import py_environment
 
-from alf_async.environments import subprocess_protocol as protocol
+from alf_async.environments.processes import subprocess_protocol as protocol
 from alf_async.environments.capabilities import BlockingStep, OffersRowStepper, Restartable
-from alf_async.environments.env_index import current_env_index
-from alf_async.environments.recovery import CrashRecovery
+from alf_async.environments.processes.env_index import current_env_index
+from alf_async.environments.processes.recovery import CrashRecovery
 
 __all__ = [
     "SubprocessEnv",
@@ -343,7 +343,7 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep, Off
         driver's row workers then)."""
         if not all(isinstance(r, SubprocessEnv) for r in rows):
             return None
-        from alf_async.environments.subprocess_rows import SubprocessRows  # pylint: disable=import-outside-toplevel
+        from alf_async.environments.rows.subprocess_rows import SubprocessRows  # pylint: disable=import-outside-toplevel
         return SubprocessRows(rows, on_step)
 
     def call(self, name: str, *args, **kwargs):

@@ -40,11 +40,11 @@ import threading
 import time
 import uuid
 
-from alf_async.environments.episode_api import check_episode_id, check_nest, check_reward
-from alf_async.environments.episode_records import (
+from alf_async.environments.external.episode_api import check_episode_id, check_nest, check_reward
+from alf_async.environments.external.episode_records import (
     ACT, CUT, END, Episode, Event, ExternalEnvFinished, ExternalEnvStoppedError, PendingAction,
     Reply, TooManyEpisodesError)
-from alf_async.environments.episode_slots import SlotSide
+from alf_async.environments.external.episode_slots import SlotSide
 
 # The exceptions live in episode_records.py and are imported from here.
 __all__ = ["EpisodeTable", "ExternalEnvFinished", "ExternalEnvStoppedError",
