@@ -73,7 +73,7 @@ from alf_async.driver.async_driver import AsyncOffPolicyDriver, DriverStoppedErr
 from alf_async.driver.layout_model import Layout, Profile, candidates, measuring_order
 from alf_async.driver.stepping import stepping_of
 from alf_async.environments import capabilities
-from alf_async.environments.suites.suite_envpool import LockstepEnvPoolEnv
+from alf_async.environments.suites.envpool_envs import LockstepEnvPoolEnv
 
 LayoutChoice = collections.namedtuple("LayoutChoice", ["layout", "rates", "profile", "secs"])
 LayoutChoice.__doc__ = """The fastest layout measured.

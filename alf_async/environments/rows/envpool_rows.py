@@ -76,7 +76,7 @@ class EnvPoolRows(RowStepper):
     def __init__(self, env, on_rows):
         """
         Args:
-            env: the `suite_envpool.EnvPoolEnv` whose rows to step.
+            env: the `envpool_envs.EnvPoolEnv` whose rows to step.
             on_rows: callable(rows, time_step), called in `recv` with the
                 rows of each receive (int32 [k]) and their tf-agents TimeStep,
                 batched over them (EnvPool applies the action it is given).
