@@ -214,11 +214,12 @@ def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(serve
     # unroll_length 4 and nobody learning: the slot stalls after two unrolls.
     client = PolicyClient(served.server.address)
     eid = client.start_episode()
-    caught, done = [], []
+    caught, started, done = [], [], []
 
     def blocked():
         try:
             for s in range(100):
+                started.append(s)
                 client.get_action(eid, [1, s])
                 done.append(s)
         except Exception as e:  # pylint: disable=broad-except
@@ -226,11 +227,19 @@ def test_stopping_the_driver_answers_blocked_clients_and_closes_the_server(serve
 
     t = threading.Thread(target=blocked)
     t.start()
+    # Stalled: the client's next call is under way, its observation ended
+    # the unroll the env thread cannot ship (the log thread counted it),
+    # and the learn queue is full.
+    env_steps = served.driver.get_metrics()[1]
     deadline = time.monotonic() + 20
-    while len(done) < stalls_after and time.monotonic() < deadline:
+    while not (len(started) > stalls_after and int(env_steps.result()) == stalls_after and
+               served.driver.get_perf_stats()["learn_queue_size"] ==
+               served.driver.queues.learn_queue.capacity):
+        assert time.monotonic() < deadline and not caught, (started, done, caught)
         time.sleep(0.02)
-    time.sleep(0.3)
-    assert len(done) == stalls_after and not caught
+    time.sleep(0.3)  # and stays so: the call under way does not return
+    assert len(done) == stalls_after and len(started) == stalls_after + 1 and not caught
+    assert int(env_steps.result()) == stalls_after
     served.driver.stop()
     stopped = time.monotonic()
     t.join(5)
