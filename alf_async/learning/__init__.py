@@ -8,8 +8,10 @@
   interface (`replayer_base.py`), `OneTimeReplayer`
   (`one_time_replayer.py`), `UniformReplayer` (`uniform_replayer.py`: one
   ring per environment row).
-- `agents.py`: the DQN and SAC builders gin configs name (`dqn_agent`,
-  `sac_agent`); `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the
+- `agents.py`: the agent builders gin configs name (`dqn_agent`,
+  `sac_agent`, `ppo_agent`, `impala_agent`); `builder_parts.py`: what they
+  share (argument checks, torso dtype, pixel scaling, optimizers built
+  ahead of the first trace); `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the
   train step while the driver collects; `random_start.py`: uniform random
   actions before training starts.
 

@@ -11,9 +11,6 @@ unroll agents (`ppo_agent`, `impala_agent`; `trains_on_unrolls`) train on
 each batch of unrolls the driver delivers, once.
 """
 
-import numbers
-import weakref
-
 import gin
 import tensorflow as tf
 from tf_agents.agents.ddpg import critic_network
@@ -25,9 +22,15 @@ from tf_agents.networks import actor_distribution_network, q_network, value_netw
 from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
-from alf_async import kernels
 from alf_async.learning import impala
 from alf_async.learning import optimizers
+# optimizer_hyperparameters: read here by resume.py; build_optimizer: the
+# name the builders call (benchmarks/trace_time.py replaces it here).
+from alf_async.learning.builder_parts import (LEARNING_RATE_BINDINGS, build_optimizer,
+                                              check_conv, check_count, check_layers,
+                                              check_number, check_reward_clip, linear_decay,
+                                              optimizer_hyperparameters, scale_pixels,
+                                              torso_dtype)
 from alf_async.learning.ppo import (ADVANTAGE_NORMALIZATIONS, FreshOrthogonal,
                                     MinibatchPPOClipAgent,
                                     OrthogonalCategoricalProjectionNetwork,
@@ -36,9 +39,6 @@ from alf_async.learning.ppo import (ADVANTAGE_NORMALIZATIONS, FreshOrthogonal,
 # tf-agents' TD losses, for `DqnAgent.td_errors_loss_fn = @element_wise_squared_loss`.
 for _loss_fn in (common.element_wise_squared_loss, common.element_wise_huber_loss):
     gin.external_configurable(_loss_fn, module="tf_agents.utils.common")
-
-# optimizer -> the gin binding of its learning rate (see `optimizer_hyperparameters`).
-_LEARNING_RATE_BINDINGS = weakref.WeakKeyDictionary()
 
 # Optimizers a gin file may pass as `dqn_agent.optimizer_fn` (Atari's
 # published DQN settings use centered RMSprop).
@@ -85,21 +85,21 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
             range (Atari's [-1, 1]); the environments, metrics and
             evaluation keep the game's rewards. None: no clipping.
     """
-    _check_layers("dqn_agent.fc_layer_params", fc_layer_params)
-    _check_number("dqn_agent.learning_rate", learning_rate, low=0.0, low_open=True)
-    _check_number("dqn_agent.epsilon_greedy", epsilon_greedy, low=0.0, high=1.0)
+    check_layers("dqn_agent.fc_layer_params", fc_layer_params)
+    check_number("dqn_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    check_number("dqn_agent.epsilon_greedy", epsilon_greedy, low=0.0, high=1.0)
     if epsilon_final is not None:
-        _check_number("dqn_agent.epsilon_final", epsilon_final, low=0.0, high=1.0)
+        check_number("dqn_agent.epsilon_final", epsilon_final, low=0.0, high=1.0)
     if not isinstance(epsilon_decay_steps, int) or isinstance(epsilon_decay_steps, bool) or (
             epsilon_decay_steps < 0):
         raise ValueError(f"dqn_agent.epsilon_decay_steps must be an int >= 0, "
                          f"got {epsilon_decay_steps!r}")
-    conv = _check_conv("dqn_agent.conv_layer_params", conv_layer_params)
-    _check_reward_clip("dqn_agent.reward_clip", reward_clip)
+    conv = check_conv("dqn_agent.conv_layer_params", conv_layer_params)
+    check_reward_clip("dqn_agent.reward_clip", reward_clip)
     # Pixels reach the network as uint8 and are scaled there (Rescaling casts).
     q_net = q_network.QNetwork(
         time_step_spec.observation, action_spec,
-        preprocessing_layers=_scale_pixels(time_step_spec.observation),
+        preprocessing_layers=scale_pixels(time_step_spec.observation),
         conv_layer_params=conv, fc_layer_params=tuple(fc_layer_params))
     epsilon = epsilon_greedy
     if epsilon_final is not None and epsilon_decay_steps > 0:
@@ -115,20 +115,11 @@ def dqn_agent(time_step_spec, action_spec, train_step_counter, fc_layer_params=(
     agent = agent_class(time_step_spec, action_spec, q_network=q_net, optimizer=optimizer,
                         epsilon_greedy=epsilon, train_step_counter=train_step_counter,
                         **(agent_kwargs or {}))
-    _LEARNING_RATE_BINDINGS[agent._optimizer] = "dqn_agent.learning_rate"
+    LEARNING_RATE_BINDINGS[agent._optimizer] = "dqn_agent.learning_rate"
     if prebuild_optimizer:
         # DqnAgent._train applies gradients to exactly these variables.
         build_optimizer(optimizer, q_net.trainable_weights)
     return agent
-
-
-def _check_reward_clip(binding, value):
-    """Raises ValueError unless `value` is None or (low, high) with low < high."""
-    if value is not None and not (
-            isinstance(value, (tuple, list)) and len(value) == 2
-            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
-            and value[0] < value[1]):
-        raise ValueError(f"{binding} must be (low, high) with low < high, got {value!r}")
 
 
 def _reward_clipped(agent_class, low, high):
@@ -153,12 +144,12 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
               actor_learning_rate=3e-4, critic_learning_rate=3e-4, alpha_learning_rate=3e-4):
     """A SacAgent with tf-agents' standard SAC networks (tanh-normal actor) and
     Adams; it does not train on episode boundaries (BoundaryMaskedSacAgent)."""
-    _check_layers("sac_agent.actor_fc_layer_params", actor_fc_layer_params)
-    _check_layers("sac_agent.critic_joint_fc_layer_params", critic_joint_fc_layer_params)
+    check_layers("sac_agent.actor_fc_layer_params", actor_fc_layer_params)
+    check_layers("sac_agent.critic_joint_fc_layer_params", critic_joint_fc_layer_params)
     for name, value in (("actor_learning_rate", actor_learning_rate),
                         ("critic_learning_rate", critic_learning_rate),
                         ("alpha_learning_rate", alpha_learning_rate)):
-        _check_number(f"sac_agent.{name}", value, low=0.0, low_open=True)
+        check_number(f"sac_agent.{name}", value, low=0.0, low_open=True)
     observation_spec = time_step_spec.observation
     actor_net = actor_distribution_network.ActorDistributionNetwork(
         observation_spec, action_spec, fc_layer_params=tuple(actor_fc_layer_params),
@@ -180,7 +171,7 @@ def sac_agent(time_step_spec, action_spec, train_step_counter,
         agent._critic_network_2.trainable_variables)]
     # (SacAgent converts the optimizers to legacy Keras ones: build its copies.)
     for name in ("actor", "critic", "alpha"):
-        _LEARNING_RATE_BINDINGS[getattr(agent, f"_{name}_optimizer")] = (
+        LEARNING_RATE_BINDINGS[getattr(agent, f"_{name}_optimizer")] = (
             f"sac_agent.{name}_learning_rate")
     build_optimizer(agent._actor_optimizer, actor_net.trainable_variables)
     build_optimizer(agent._critic_optimizer, critic_variables)
@@ -215,60 +206,6 @@ def trains_on_unrolls(agent):
     `trains_on_unrolls = True`) rather than on a replay buffer's windows."""
     return isinstance(agent, ppo_agent_lib.PPOAgent) or bool(
         getattr(agent, "trains_on_unrolls", False))
-
-
-def _scale_pixels(observation_spec, dtype=tf.float32):
-    """uint8 observations (pixels) scaled by 1 / 255 inside a network (None
-    otherwise), computed in the torso's `dtype`. A bfloat16 torso's pixels go
-    from uint8 to bfloat16 at once and are scaled there: one pass over a
-    minibatch's frames, where scaling in float32 takes three (cast, scale,
-    the first convolution's cast). Its scaled pixels are within two
-    bfloat16 roundings (0.8%) of / 255, where float32's scaling cast to
-    bfloat16 is within one."""
-    if getattr(observation_spec, "dtype", None) == tf.uint8:
-        return tf.keras.layers.Rescaling(1.0 / 255.0, dtype=dtype)
-    return None
-
-
-def _check_conv(binding, conv_layer_params):
-    if conv_layer_params is not None and not (
-            all(isinstance(c, (tuple, list)) and len(c) == 3 for c in conv_layer_params)
-            and all(isinstance(n, int) and n >= 1 for c in conv_layer_params for n in c)):
-        raise ValueError(f"{binding} must be (filters, kernel size, stride) tuples of ints "
-                         f">= 1, got {conv_layer_params!r}")
-    return None if conv_layer_params is None else tuple(tuple(c) for c in conv_layer_params)
-
-
-# Keras dtype policies a torso may compute in. 'mixed_bfloat16': bfloat16
-# convolutions and matmuls over float32 variables (the heads, losses and
-# optimizer stay float32), which oneDNN runs on AMX or AVX-512 BF16 (docs:
-# performance, where a Pong env step's CPU goes); a CPU without them
-# emulates bfloat16, slower than float32. 'auto': 'mixed_bfloat16' where
-# the CPU has them and the kernel choice is not off (`kernels.bf16_torsos`),
-# else 'float32'.
-TORSO_DTYPE_POLICIES = ("float32", "mixed_bfloat16", "auto")
-
-
-def torso_compute_dtype(policy):
-    """'bfloat16' or 'float32': what a torso of `torso_dtype_policy` `policy`
-    computes in on this CPU ('auto' resolved by `kernels.bf16_torsos`)."""
-    if policy == "auto":
-        return "bfloat16" if kernels.bf16_torsos() else "float32"
-    return "bfloat16" if policy == "mixed_bfloat16" else "float32"
-
-
-def _torso_dtype(binding, policy):
-    """The `dtype` tf-agents' EncodingNetwork gives its conv and dense layers."""
-    if policy not in TORSO_DTYPE_POLICIES:
-        raise ValueError(f"{binding} must be one of {TORSO_DTYPE_POLICIES}, got {policy!r}")
-    if torso_compute_dtype(policy) == "float32":
-        return tf.float32
-    return tf.keras.mixed_precision.Policy("mixed_bfloat16")
-
-
-def _check_count(binding, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{binding} must be an int >= 1, got {value!r}")
 
 
 @gin.configurable
@@ -327,7 +264,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             CleanRL's annealing over the whole run: num_env_steps / batch x
             epochs x minibatches), then stays 0; None: constant.
         torso_dtype_policy: the Keras dtype policy of the discrete
-            networks' conv and dense layers (`TORSO_DTYPE_POLICIES`):
+            networks' conv and dense layers (`builder_parts.TORSO_DTYPE_POLICIES`):
             'mixed_bfloat16' computes them in bfloat16 over float32
             variables (the heads, losses and optimizer stay float32);
             'auto' does so where the CPU has AMX or AVX-512 BF16
@@ -338,16 +275,16 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
             replay and evaluation keep the environment's rewards. None: no
             clipping.
     """
-    _check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
-    _check_reward_clip("ppo_agent.reward_clip", reward_clip)
-    _check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
-    conv = _check_conv("ppo_agent.conv_layer_params", conv_layer_params)
-    _check_number("ppo_agent.learning_rate", learning_rate, low=0.0, low_open=True)
-    _check_number("ppo_agent.adam_epsilon", adam_epsilon, low=0.0, low_open=True)
-    _check_count("ppo_agent.num_epochs", num_epochs)
-    _check_count("ppo_agent.num_minibatches", num_minibatches)
+    check_layers("ppo_agent.actor_fc_layer_params", actor_fc_layer_params)
+    check_reward_clip("ppo_agent.reward_clip", reward_clip)
+    check_layers("ppo_agent.value_fc_layer_params", value_fc_layer_params)
+    conv = check_conv("ppo_agent.conv_layer_params", conv_layer_params)
+    check_number("ppo_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    check_number("ppo_agent.adam_epsilon", adam_epsilon, low=0.0, low_open=True)
+    check_count("ppo_agent.num_epochs", num_epochs)
+    check_count("ppo_agent.num_minibatches", num_minibatches)
     if learning_rate_decay_steps is not None:
-        _check_count("ppo_agent.learning_rate_decay_steps", learning_rate_decay_steps)
+        check_count("ppo_agent.learning_rate_decay_steps", learning_rate_decay_steps)
     if advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
         raise ValueError(f"ppo_agent.advantage_normalization must be one of "
                          f"{ADVANTAGE_NORMALIZATIONS}, got {advantage_normalization!r}")
@@ -366,11 +303,11 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
     if orthogonal_init and not discrete:
         raise ValueError("ppo_agent.orthogonal_init: ppo2's initialization is for the discrete "
                          "actor; continuous actions have tf-agents' MuJoCo actor")
-    dtype = _torso_dtype("ppo_agent.torso_dtype_policy", torso_dtype_policy)
+    dtype = torso_dtype("ppo_agent.torso_dtype_policy", torso_dtype_policy)
     if torso_dtype_policy != "float32" and not discrete:
         raise ValueError("ppo_agent.torso_dtype_policy: a bfloat16 torso is for the discrete "
                          "actor; continuous actions have tf-agents' MuJoCo actor")
-    scale = _scale_pixels(observation_spec, dtype)
+    scale = scale_pixels(observation_spec, dtype)
     initializers = {}
     if orthogonal_init:
         initializers = dict(
@@ -390,12 +327,12 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         value_net = TorsoValueNetwork(actor_net)
     else:
         value_net = value_network.ValueNetwork(
-            observation_spec, preprocessing_layers=_scale_pixels(observation_spec, dtype),
+            observation_spec, preprocessing_layers=scale_pixels(observation_spec, dtype),
             conv_layer_params=conv, fc_layer_params=tuple(value_fc_layer_params),
             activation_fn=activation, dtype=dtype,
             kernel_initializer=initializers.get("kernel_initializer"))
     optimizer = optimizers.FusedAdam(
-        _linear_decay(learning_rate, learning_rate_decay_steps), epsilon=adam_epsilon)
+        linear_decay(learning_rate, learning_rate_decay_steps), epsilon=adam_epsilon)
     agent_class = MinibatchPPOClipAgent
     if reward_clip is not None:
         agent_class = _reward_clipped(agent_class, float(reward_clip[0]), float(reward_clip[1]))
@@ -404,7 +341,7 @@ def ppo_agent(time_step_spec, action_spec, train_step_counter, actor_fc_layer_pa
         value_net=value_net, num_epochs=num_epochs, num_minibatches=num_minibatches,
         advantage_normalization=advantage_normalization,
         train_step_counter=train_step_counter, **_pixel_normalization(observation_spec))
-    _LEARNING_RATE_BINDINGS[agent._optimizer] = "ppo_agent.learning_rate"
+    LEARNING_RATE_BINDINGS[agent._optimizer] = "ppo_agent.learning_rate"
     build_optimizer(agent._optimizer, agent.variables_to_train())
     return agent
 
@@ -454,11 +391,11 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
         torso_dtype_policy: the Keras dtype policy of the torso's conv and
             dense layers, as `ppo_agent`'s.
     """
-    conv = _check_conv("impala_agent.conv_layer_params", conv_layer_params)
-    _check_layers("impala_agent.fc_layer_params", fc_layer_params)
-    _check_number("impala_agent.learning_rate", learning_rate, low=0.0, low_open=True)
+    conv = check_conv("impala_agent.conv_layer_params", conv_layer_params)
+    check_layers("impala_agent.fc_layer_params", fc_layer_params)
+    check_number("impala_agent.learning_rate", learning_rate, low=0.0, low_open=True)
     if learning_rate_decay_steps is not None:
-        _check_count("impala_agent.learning_rate_decay_steps", learning_rate_decay_steps)
+        check_count("impala_agent.learning_rate_decay_steps", learning_rate_decay_steps)
     if not action_spec.dtype.is_integer or action_spec.shape.rank != 0:
         raise ValueError(f"impala_agent takes one discrete action; this environment's action "
                          f"spec is {action_spec}")
@@ -466,84 +403,13 @@ def impala_agent(time_step_spec, action_spec, train_step_counter, conv_layer_par
         time_step_spec.observation, action_spec, conv_layer_params=conv,
         fc_layer_params=fc_layer_params,
         kernel_initializer=FreshOrthogonal(2.0 ** 0.5) if orthogonal_init else None,
-        dtype=_torso_dtype("impala_agent.torso_dtype_policy", torso_dtype_policy))
+        dtype=torso_dtype("impala_agent.torso_dtype_policy", torso_dtype_policy))
     optimizer = (optimizer_fn or optimizers.FusedAdam)(
-        _linear_decay(learning_rate, learning_rate_decay_steps))
+        linear_decay(learning_rate, learning_rate_decay_steps))
     agent = impala.ImpalaAgent(time_step_spec, action_spec, net, optimizer,
                                train_step_counter=train_step_counter)
-    _LEARNING_RATE_BINDINGS[agent._optimizer] = "impala_agent.learning_rate"
+    LEARNING_RATE_BINDINGS[agent._optimizer] = "impala_agent.learning_rate"
     build_optimizer(agent._optimizer, net.trainable_variables)
     return agent
 
-
-def _linear_decay(learning_rate, decay_steps):
-    """`learning_rate`, or (with `decay_steps`) a schedule falling linearly
-    from it to 0 over that many of the optimizer's iterations (one per
-    gradient step)."""
-    if decay_steps is None:
-        return learning_rate
-    return tf.keras.optimizers.schedules.PolynomialDecay(
-        learning_rate, decay_steps, end_learning_rate=0.0, power=1.0)
-
-
-def _check_layers(binding, layers):
-    """Raises ValueError naming `binding` unless `layers` is a sequence of ints >= 1."""
-    try:
-        ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers)
-    except TypeError:
-        ok = False
-    if not ok or isinstance(layers, str):
-        raise ValueError(f"{binding} must be a tuple of layer sizes (ints >= 1), got {layers!r}")
-
-
-def _check_number(binding, value, low, high=None, low_open=False):
-    """Raises ValueError naming `binding` unless `value` is a number in range."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and (
-        value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        bounds = f"> {low:g}" if low_open else (
-            f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]")
-        raise ValueError(f"{binding} must be a number {bounds}, got {value!r}")
-
-
-def optimizer_hyperparameters(agent):
-    """[(name, variable)]: the hyperparameters of `agent`'s Keras optimizers that a
-    checkpoint stores as variables (and a restore would overwrite).
-
-    That is the learning rate of a Keras 2.11+ optimizer and every built
-    hyperparameter of a legacy one (learning_rate, beta_1, ...). A learning
-    rate set by this module's builders is named by its gin binding
-    (`dqn_agent.learning_rate`); others by where they live
-    (`agent._optimizer.learning_rate`).
-    """
-    found = []
-    for attr, optimizer in sorted(vars(agent).items()):
-        if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
-            hyper = dict(optimizer._hyper)  # pylint: disable=protected-access
-        elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
-            hyper = {"learning_rate": getattr(optimizer, "_learning_rate", None)}
-        else:
-            continue
-        for name, variable in sorted(hyper.items()):
-            if not isinstance(variable, tf.Variable):
-                continue
-            binding = _LEARNING_RATE_BINDINGS.get(optimizer) if name == "learning_rate" else None
-            found.append((binding or f"agent.{attr}.{name}", variable))
-    return found
-
-
-def build_optimizer(optimizer, variables):
-    """Creates a Keras optimizer's slot variables for `variables` now.
-
-    Otherwise the optimizer creates them in the first `apply_gradients`, that
-    is inside the first trace of the train step, and a tf.function that
-    creates variables is traced twice; building them first spares that
-    second trace (`python benchmarks/trace_time.py` times both).
-    `variables` must be exactly the list the agent applies gradients to (a
-    built Keras optimizer refuses variables it was not built with).
-    """
-    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
-        optimizer._create_all_weights(variables)  # legacy optimizers have no public build()
-    elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
-        optimizer.build(variables)
 

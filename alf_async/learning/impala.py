@@ -90,7 +90,7 @@ class ActorCriticNetwork(network.Network):
             raise ValueError(f"ActorCriticNetwork needs one discrete action (a scalar integer "
                              f"spec), got {action_spec}")
         num_actions = int(action_spec.maximum) - int(action_spec.minimum) + 1
-        # Pixels are scaled in the torso's dtype (agents._scale_pixels).
+        # Pixels are scaled in the torso's dtype (builder_parts.scale_pixels).
         scale = (tf.keras.layers.Rescaling(1.0 / 255.0, dtype=dtype)
                  if observation_spec.dtype == tf.uint8 else None)
         self._torso = encoding_network.EncodingNetwork(
