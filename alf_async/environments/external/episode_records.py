@@ -117,7 +117,7 @@ class Episode(object):
         self.training_enabled = training_enabled
         self.cv = cv                      # Condition on the ExternalEnv's lock
         self.events = collections.deque()
-        self.slot = None                  # the _SlotEnv serving it, once bound
+        self.slot = None                  # the SlotEnv serving it, once bound
         self.in_ready = False             # waiting in the ready queue for a slot
         self.acted = False                # has queued an action
         self.ended = False                # end_episode() called

@@ -1,6 +1,6 @@
 """SlotSide: the half of an EpisodeTable that the driver's slots call.
 
-A slot (external_env.py's slot environment) asks the table for its next
+A slot (external_slots.py's slot environment) asks the table for its next
 time step and tells it what the policy did: `slot_reset`/`slot_step`
 block until a client provides the step (a slot stepped on its own driver
 thread); a polled slot is stepped in two halves by its env thread, which

@@ -3,7 +3,7 @@
 Every episode call (start_episode, get_action, log_action, log_returns,
 end_episode, abandon_episode; their arguments are defined in episode_api.py)
 lands here, whoever makes it: the ExternalEnv's own methods, the policy
-server's requests, the offline feeders. Each driver slot (external_env.py's
+server's requests, the offline feeders. Each driver slot (external_slots.py's
 slot environment) asks it for its next time step and tells it what the
 policy did.
 

@@ -137,22 +137,18 @@ pause.
 """
 
 import threading
-import weakref
 
-import numpy as np
 import tensorflow as tf
-from tf_agents.environments import (batched_py_environment, py_environment,
-                                    tf_py_environment)
 from tf_agents.specs import array_spec, tensor_spec
 from tf_agents.trajectories import time_step as ts
 
-from alf_async.environments.capabilities import AppliedStep, BlockingStep, OffersRowStepper
 from alf_async.environments.external.episode_api import check_nest
 from alf_async.environments.external.episodes import (EpisodeTable, ExternalEnvFinished,
                                                       ExternalEnvStoppedError, TooManyEpisodesError)
+from alf_async.environments.external.external_slots import open_slots, slots_constructor
 
-# The names users import from here; the exceptions and check_nest live in
-# episodes.py and episode_api.py.
+# The names users import from here; the exceptions, check_nest and
+# open_slots live in episodes.py, episode_api.py and external_slots.py.
 __all__ = ["ExternalEnv", "ExternalEnvFinished", "ExternalEnvStoppedError",
            "TooManyEpisodesError", "check_nest", "open_slots", "spec_from_gym_space",
            "specs_from_gym", "as_array_spec"]
@@ -185,95 +181,6 @@ def as_array_spec(spec, what):
             raise TypeError(f"{what} must be a tf-agents ArraySpec nest or a gym space, "
                             f"got {type(s).__name__}")
     return spec
-
-
-# ------------------------------------------------------------------ slots
-
-_ALL_SLOTS = weakref.WeakSet()
-
-
-def open_slots():
-    """Slots of any ExternalEnv in this process that are not closed yet."""
-    return [slot for slot in list(_ALL_SLOTS) if not slot.closed]
-
-
-class _SlotEnv(py_environment.PyEnvironment, BlockingStep, AppliedStep, OffersRowStepper):
-    """One concurrent-episode slot: a PyEnvironment fed by clients.
-
-    `batched=True`: a batch-1 environment of its own (`slots_per_env=1`);
-    `batched=False`: one row of a BatchedPyEnvironment of slots. The
-    EpisodeTable deals in unbatched steps; a batched slot adds and strips
-    the batch dimension.
-
-    Threads: `reset()`/`step()` and then `applied_step()` are called by one
-    driver thread (the env thread); the first two block until a client
-    provides the next step (or the ExternalEnv stops: then they raise). A
-    batch of slots is stepped through the EpisodeTable's polled-slot methods
-    instead (`row_stepper`). `close()` may be called by any thread. The
-    EpisodeTable sets the state below under its lock.
-    """
-
-    def __init__(self, table, index, batched=True):
-        super().__init__(handle_auto_reset=False)
-        self._table = table
-        self._batched = batched
-        self.index = index
-        self.used = False      # reset() was called: a driver runs it
-        self.closed = False
-        self.closed_step_returned = False
-        self.episode = None    # the bound episode
-        self.current = None    # the time step last returned, and what it means
-        self.applied = (None, False)   # of the last step, unbatched
-
-    @property
-    def batched(self):
-        return self._batched
-
-    @property
-    def batch_size(self):
-        return 1 if self._batched else None
-
-    def observation_spec(self):
-        return self._table.observation_array_spec
-
-    def action_spec(self):
-        return self._table.action_array_spec
-
-    def _reset(self):
-        return self._out(self._table.slot_reset(self))
-
-    def _step(self, action):
-        if self._batched:
-            action = tf.nest.map_structure(lambda a: a[0], action)
-        return self._out(self._table.slot_step(self, action))
-
-    def _out(self, time_step):
-        if not self._batched:
-            return time_step
-        return tf.nest.map_structure(lambda a: a[None], time_step)
-
-    def applied_step(self):
-        """(logged action or None, trainable) of the last step; with a batch
-        dimension ([1, ...], [1]) when the slot is batched."""
-        action, trainable = self.applied
-        if not self._batched:
-            return action, trainable
-        return (None if action is None else tf.nest.map_structure(lambda a: a[None], action),
-                np.array([trainable]))
-
-    def close(self):
-        self._table.slot_close(self)
-
-    def row_stepper(self, rows, on_step):
-        """How an env thread steps `rows` (this slot among them) one by one
-        (`OffersRowStepper`): a SlotStepper (slot_stepper.py, no worker
-        threads) when they are unbatched slots of this slot's ExternalEnv,
-        else None (the driver's row workers then)."""
-        if not all(isinstance(r, _SlotEnv) and r._table is self._table and not r._batched
-                   for r in rows):
-            return None
-        from alf_async.environments.rows.slot_stepper import SlotStepper  # pylint: disable=import-outside-toplevel
-        return SlotStepper(self._table, rows, on_step)
 
 
 # ---------------------------------------------------------------- the env
@@ -464,20 +371,7 @@ class ExternalEnv(threading.Thread):
         if isinstance(slots_per_env, bool) or not isinstance(slots_per_env, int) or \
                 slots_per_env < 1:
             raise ValueError(f"slots_per_env must be an integer >= 1, got {slots_per_env!r}")
-        table = self.__table
-
-        def make_slot(batched):
-            slot = table.add_slot(lambda index: _SlotEnv(table, index, batched=batched))
-            _ALL_SLOTS.add(slot)
-            return slot
-
-        def make_slots():
-            if slots_per_env == 1:
-                return tf_py_environment.TFPyEnvironment(make_slot(True))
-            return tf_py_environment.TFPyEnvironment(batched_py_environment.BatchedPyEnvironment(
-                [make_slot(False) for _ in range(slots_per_env)], multithreading=False))
-
-        return make_slots
+        return slots_constructor(self.__table, slots_per_env)
 
     def time_step_spec(self):
         """The slots' time step spec, as TensorSpecs (for building agents)."""

@@ -28,7 +28,7 @@ class SlotStepper(RowStepper):
         """
         Args:
             table: the slots' EpisodeTable.
-            slots: the unbatched slots (external_env._SlotEnv), one per row.
+            slots: the unbatched slots (external_slots.SlotEnv), one per row.
             on_step: callable(row, time_step, applied), called in `recv`
                 for each row whose next step came (`applied`: the slot's
                 (logged action or None, trainable) after a step, None after
