@@ -25,7 +25,10 @@ whichever children have answered, by their env thread alone
 (``SubprocessEnv.row_stepper``, subprocess_rows.py: one epoll set over the
 pipes, no worker thread per row).
 
-The child process and the wire protocol are in subprocess_protocol.py.
+How a call reaches the child and comes back, and the restart when the
+child dies, are in subprocess_calls.py (`SubprocessCalls`, a base class of
+`SubprocessEnv`); the child process and the wire protocol are in
+subprocess_protocol.py.
 
 ``env_constructor`` requirements
 --------------------------------
@@ -74,11 +77,9 @@ and at interpreter exit (``weakref.finalize``), also after restarts and
 failures.
 """
 
-import collections
 import concurrent.futures
 import itertools
 import threading
-import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import cloudpickle
@@ -88,6 +89,10 @@ from alf_async.environments.processes import subprocess_protocol as protocol
 from alf_async.environments.capabilities import BlockingStep, OffersRowStepper, Restartable
 from alf_async.environments.processes.env_index import current_env_index
 from alf_async.environments.processes.recovery import CrashRecovery
+from alf_async.environments.processes.subprocess_calls import (InFlight, SubprocessCalls,
+                                                               SubprocessEnvClosedError,
+                                                               SubprocessEnvCrashError,
+                                                               SubprocessEnvError)
 
 __all__ = [
     "SubprocessEnv",
@@ -99,26 +104,11 @@ __all__ = [
     "current_env_index",
 ]
 
-class SubprocessEnvError(RuntimeError):
-    """Base class of the errors SubprocessEnv raises about its child process."""
-
-
-class SubprocessEnvCrashError(SubprocessEnvError):
-    """A child process died or hung and cannot be (or may no longer be) restarted."""
-
-
-class SubprocessEnvClosedError(SubprocessEnvError):
-    """The SubprocessEnv was closed (possibly by another thread) during or before a call."""
-
-
 _GLOBAL_ENV_INDEX = itertools.count()
 
 
-class _InFlight(collections.namedtuple("_InFlight", "command seq deadline failure pending")):
-    """One request sent to the child (or one answered without it, pending=True)."""
-
-
-class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep, OffersRowStepper):
+class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, BlockingStep,
+                    OffersRowStepper):
     """A tf-agents PyEnvironment running ``env_constructor()`` in a child process.
 
     Crash handling (`recovery.CrashRecovery`): when the child dies (crash,
@@ -213,7 +203,7 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep, Off
         self._state_lock = threading.Lock()  # guards _closed and _child swaps
         self._closed = False
         self._seq = protocol.READY_SEQ
-        self._in_flight: Optional[_InFlight] = None
+        self._in_flight: Optional[InFlight] = None
         self._last_time_step = None  # the last time step returned to the caller
         if start:
             try:
@@ -363,149 +353,6 @@ class SubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingStep, Off
     def __repr__(self):
         return (f"SubprocessEnv({self._constructor_repr}, env_index={self._env_index}, "
                 f"pid={self.pid})")
-
-    # ------------------------------------------------------------ internals
-
-    def _name(self):
-        return (f"SubprocessEnv(env_index={self._env_index}, "
-                f"env_constructor={self._constructor_repr})")
-
-    def _where(self):
-        return f"environment process pid {self._child.pid} (env_index {self._env_index})"
-
-    def _new_child(self):
-        return protocol.ChildProcess(self._ctx, self._constructor_bytes, self._gin_config,
-                                     self._env_index)
-
-    def _specs(self):
-        if self._time_step_spec is None:
-            raise RuntimeError(f"{self._name()} is not initialised yet: its specs come from "
-                               "the child; use start=True, initialize() or create_subprocess_envs")
-        return self._time_step_spec, self._action_spec
-
-    def _check_usable(self):
-        if self._closed:
-            raise SubprocessEnvClosedError(f"{self._name()} is closed")
-        self._recovery.check()
-        if not self._initialized:
-            self._specs()  # raises the "not initialised" error
-            raise RuntimeError(f"{self._name()} is not initialised yet")
-
-    def _send(self, command, payload):
-        """Sends one request (first half of a call). Holds _io_lock until _receive()."""
-        self._check_usable()
-        if not self._io_lock.acquire(blocking=False):
-            raise RuntimeError(f"{self._name()} is used by two threads at once, or a "
-                               "request is in flight; it is not thread-safe")
-        try:
-            if command in (protocol.STEP, protocol.RESET) and self._recovery.owes():
-                self._in_flight = _InFlight(command, None, None, None, True)
-                return
-            self._seq += 1
-            failure = None
-            try:
-                self._child.send(command, self._seq, payload)  # pickling errors: the caller's
-            except protocol.ChildDied as e:
-                failure = str(e)
-            self._in_flight = _InFlight(command, self._seq,
-                                        time.monotonic() + self._step_timeout, failure, False)
-        except BaseException:
-            self._io_lock.release()
-            raise
-
-    def _receive(self):
-        """Waits for the reply to the request sent by _send() (second half of a call)."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is None:
-            raise RuntimeError(f"{self._name()}: no request in flight")
-        try:
-            if in_flight.pending:  # owed since a restart: answered without the child
-                return self._record(self._recovery.take(
-                    reset=in_flight.command == protocol.RESET))
-            failure = in_flight.failure
-            if failure is None:
-                try:
-                    kind, payload = self._child.wait_reply(
-                        in_flight.seq, in_flight.deadline, in_flight.command,
-                        self._step_timeout, self._raise_if_closed)
-                except protocol.ChildDied as e:
-                    failure = str(e)
-            if failure is not None:
-                return self._recover(in_flight.command, failure)
-            if kind == protocol.ERROR:
-                raise protocol.rebuild_exception(payload, self._where())
-            if in_flight.command == protocol.CALL:
-                return payload
-            return self._record(payload)
-        except SubprocessEnvClosedError:
-            if self._child is not None:
-                self._child.shutdown(0)
-            raise
-        finally:
-            self._io_lock.release()
-
-    def _record(self, time_step):
-        self._last_time_step = time_step
-        self._current_time_step = time_step
-        return time_step
-
-    def _raise_if_closed(self):
-        if self._closed:
-            raise SubprocessEnvClosedError(f"{self._name()} was closed during a call")
-
-    def _wait_ready(self, child):
-        kind, payload = child.wait_reply(protocol.READY_SEQ,
-                                         time.monotonic() + self._init_timeout,
-                                         "initialisation", self._init_timeout,
-                                         self._raise_if_closed)
-        if kind == protocol.ERROR:
-            raise protocol.rebuild_exception(
-                payload, f"environment process pid {child.pid} (env_index {self._env_index}) "
-                         f"building the env")
-        time_step_spec, action_spec = payload
-        if self._time_step_spec is None:
-            self._time_step_spec, self._action_spec = time_step_spec, action_spec
-        elif (time_step_spec, action_spec) != (self._time_step_spec, self._action_spec):
-            raise SubprocessEnvCrashError(
-                f"{self._name()}: the restarted environment has different specs:\n"
-                f"{time_step_spec}, {action_spec}\nvs\n{self._time_step_spec}, {self._action_spec}")
-
-    def _recover(self, command, reason):
-        """The child died during `command`: restart it and answer the call."""
-        self._child.shutdown(0)  # dead or hung: no graceful close
-        self._raise_if_closed()
-        first = self._restart(reason)
-        answer = self._recovery.recover(first, self._last_time_step,
-                                        reset=command == protocol.RESET,
-                                        answer=command != protocol.CALL)
-        if command == protocol.CALL:
-            raise SubprocessEnvError(
-                f"{self._name()}: the environment process died during call() ({reason}); "
-                "it was restarted, the next step() ends the episode in flight")
-        return self._record(answer)
-
-    def _restart(self, reason):
-        """Recreates and resets the child; returns its FIRST time step."""
-        while True:
-            self._recovery.charge(reason)  # raises once the budget is spent
-            with self._state_lock:
-                self._raise_if_closed()
-                self._child = child = self._new_child()
-            try:
-                self._wait_ready(child)
-                self._seq += 1
-                child.send(protocol.RESET, self._seq, None)
-                kind, payload = child.wait_reply(self._seq,
-                                                 time.monotonic() + self._step_timeout,
-                                                 protocol.RESET, self._step_timeout,
-                                                 self._raise_if_closed)
-            except protocol.ChildDied as e:
-                child.shutdown(0)
-                reason = f"the restarted process failed: {e}"
-                continue
-            if kind == protocol.ERROR:
-                raise protocol.rebuild_exception(payload, self._where())
-            return payload
 
 
 def close_subprocess_envs(envs: Sequence[SubprocessEnv]):

@@ -1,0 +1,188 @@
+"""How a SubprocessEnv's calls reach its child process and come back, and
+what happens when the child dies: `SubprocessCalls`, the base class that
+holds that half of SubprocessEnv (subprocess_env.py holds its public API,
+creation and closing), and the errors both raise.
+
+One request is in flight at a time, under `_io_lock`: `_send` writes it
+(with the sequence number its reply must carry) and `_receive` waits, at most
+until the request's deadline, for that reply. A child that died, broke its
+pipe or did not answer in time is killed and restarted (`_recover`,
+`_restart`), and the call is answered as `recovery.CrashRecovery` says
+(a truncation, the new FIRST step, or `SubprocessEnvError` for `call()`).
+The wire protocol and the child process are subprocess_protocol.py's.
+"""
+
+import collections
+import time
+
+from alf_async.environments.processes import subprocess_protocol as protocol
+
+__all__ = ["InFlight", "SubprocessCalls", "SubprocessEnvClosedError", "SubprocessEnvCrashError",
+           "SubprocessEnvError"]
+
+
+class SubprocessEnvError(RuntimeError):
+    """Base class of the errors SubprocessEnv raises about its child process."""
+
+
+class SubprocessEnvCrashError(SubprocessEnvError):
+    """A child process died or hung and cannot be (or may no longer be) restarted."""
+
+
+class SubprocessEnvClosedError(SubprocessEnvError):
+    """The SubprocessEnv was closed (possibly by another thread) during or before a call."""
+
+
+class InFlight(collections.namedtuple("InFlight", "command seq deadline failure pending")):
+    """One request sent to the child (or one answered without it, pending=True)."""
+
+
+class SubprocessCalls(object):
+    """SubprocessEnv's requests to its child: sending, receiving, restarting.
+
+    A base class of `SubprocessEnv` only: it uses the state its `__init__`
+    sets (`_child`, `_seq`, `_in_flight`, `_io_lock`, `_state_lock`,
+    `_closed`, `_initialized`, `_recovery`, the timeouts, the constructor's
+    pickle, the specs).
+    """
+
+    def _name(self):
+        return (f"SubprocessEnv(env_index={self._env_index}, "
+                f"env_constructor={self._constructor_repr})")
+
+    def _where(self):
+        return f"environment process pid {self._child.pid} (env_index {self._env_index})"
+
+    def _new_child(self):
+        return protocol.ChildProcess(self._ctx, self._constructor_bytes, self._gin_config,
+                                     self._env_index)
+
+    def _specs(self):
+        if self._time_step_spec is None:
+            raise RuntimeError(f"{self._name()} is not initialised yet: its specs come from "
+                               "the child; use start=True, initialize() or create_subprocess_envs")
+        return self._time_step_spec, self._action_spec
+
+    def _check_usable(self):
+        if self._closed:
+            raise SubprocessEnvClosedError(f"{self._name()} is closed")
+        self._recovery.check()
+        if not self._initialized:
+            self._specs()  # raises the "not initialised" error
+            raise RuntimeError(f"{self._name()} is not initialised yet")
+
+    def _send(self, command, payload):
+        """Sends one request (first half of a call). Holds _io_lock until _receive()."""
+        self._check_usable()
+        if not self._io_lock.acquire(blocking=False):
+            raise RuntimeError(f"{self._name()} is used by two threads at once, or a "
+                               "request is in flight; it is not thread-safe")
+        try:
+            if command in (protocol.STEP, protocol.RESET) and self._recovery.owes():
+                self._in_flight = InFlight(command, None, None, None, True)
+                return
+            self._seq += 1
+            failure = None
+            try:
+                self._child.send(command, self._seq, payload)  # pickling errors: the caller's
+            except protocol.ChildDied as e:
+                failure = str(e)
+            self._in_flight = InFlight(command, self._seq,
+                                        time.monotonic() + self._step_timeout, failure, False)
+        except BaseException:
+            self._io_lock.release()
+            raise
+
+    def _receive(self):
+        """Waits for the reply to the request sent by _send() (second half of a call)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            raise RuntimeError(f"{self._name()}: no request in flight")
+        try:
+            if in_flight.pending:  # owed since a restart: answered without the child
+                return self._record(self._recovery.take(
+                    reset=in_flight.command == protocol.RESET))
+            failure = in_flight.failure
+            if failure is None:
+                try:
+                    kind, payload = self._child.wait_reply(
+                        in_flight.seq, in_flight.deadline, in_flight.command,
+                        self._step_timeout, self._raise_if_closed)
+                except protocol.ChildDied as e:
+                    failure = str(e)
+            if failure is not None:
+                return self._recover(in_flight.command, failure)
+            if kind == protocol.ERROR:
+                raise protocol.rebuild_exception(payload, self._where())
+            if in_flight.command == protocol.CALL:
+                return payload
+            return self._record(payload)
+        except SubprocessEnvClosedError:
+            if self._child is not None:
+                self._child.shutdown(0)
+            raise
+        finally:
+            self._io_lock.release()
+
+    def _record(self, time_step):
+        self._last_time_step = time_step
+        self._current_time_step = time_step
+        return time_step
+
+    def _raise_if_closed(self):
+        if self._closed:
+            raise SubprocessEnvClosedError(f"{self._name()} was closed during a call")
+
+    def _wait_ready(self, child):
+        kind, payload = child.wait_reply(protocol.READY_SEQ,
+                                         time.monotonic() + self._init_timeout,
+                                         "initialisation", self._init_timeout,
+                                         self._raise_if_closed)
+        if kind == protocol.ERROR:
+            raise protocol.rebuild_exception(
+                payload, f"environment process pid {child.pid} (env_index {self._env_index}) "
+                         f"building the env")
+        time_step_spec, action_spec = payload
+        if self._time_step_spec is None:
+            self._time_step_spec, self._action_spec = time_step_spec, action_spec
+        elif (time_step_spec, action_spec) != (self._time_step_spec, self._action_spec):
+            raise SubprocessEnvCrashError(
+                f"{self._name()}: the restarted environment has different specs:\n"
+                f"{time_step_spec}, {action_spec}\nvs\n{self._time_step_spec}, {self._action_spec}")
+
+    def _recover(self, command, reason):
+        """The child died during `command`: restart it and answer the call."""
+        self._child.shutdown(0)  # dead or hung: no graceful close
+        self._raise_if_closed()
+        first = self._restart(reason)
+        answer = self._recovery.recover(first, self._last_time_step,
+                                        reset=command == protocol.RESET,
+                                        answer=command != protocol.CALL)
+        if command == protocol.CALL:
+            raise SubprocessEnvError(
+                f"{self._name()}: the environment process died during call() ({reason}); "
+                "it was restarted, the next step() ends the episode in flight")
+        return self._record(answer)
+
+    def _restart(self, reason):
+        """Recreates and resets the child; returns its FIRST time step."""
+        while True:
+            self._recovery.charge(reason)  # raises once the budget is spent
+            with self._state_lock:
+                self._raise_if_closed()
+                self._child = child = self._new_child()
+            try:
+                self._wait_ready(child)
+                self._seq += 1
+                child.send(protocol.RESET, self._seq, None)
+                kind, payload = child.wait_reply(self._seq,
+                                                 time.monotonic() + self._step_timeout,
+                                                 protocol.RESET, self._step_timeout,
+                                                 self._raise_if_closed)
+            except protocol.ChildDied as e:
+                child.shutdown(0)
+                reason = f"the restarted process failed: {e}"
+                continue
+            if kind == protocol.ERROR:
+                raise protocol.rebuild_exception(payload, self._where())
+            return payload
