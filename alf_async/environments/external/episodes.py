@@ -28,10 +28,12 @@ wakes them all. `get_action_async` never blocks: the same rules complete
 its PendingAction (the slot's answer, a close, `stop()`, or `expire()` at
 its deadline), through a callback run under the lock.
 
-Layout: this module is the table and its client side; the slot side is its
-base class SlotSide (episode_slots.py); the records it keeps (episodes,
-events, replies, a slot's current step) and the exceptions are in
-episode_records.py.
+Layout: this module is the table and its client side's calls; how a
+client's call waits (deadlines, back-pressure, an async get_action's
+completion) is its base class ClientWaits (episode_waits.py); the slot side
+is its base class SlotSide (episode_slots.py); the records it keeps
+(episodes, events, replies, a slot's current step) and the exceptions are
+in episode_records.py.
 """
 
 import collections
@@ -45,6 +47,7 @@ from alf_async.environments.external.episode_records import (
     ACT, CUT, END, Episode, Event, ExternalEnvFinished, ExternalEnvStoppedError, PendingAction,
     Reply, TooManyEpisodesError)
 from alf_async.environments.external.episode_slots import SlotSide
+from alf_async.environments.external.episode_waits import ClientWaits
 
 # The exceptions live in episode_records.py and are imported from here.
 __all__ = ["EpisodeTable", "ExternalEnvFinished", "ExternalEnvStoppedError",
@@ -55,7 +58,7 @@ logger = logging.getLogger(__name__)
 _FINISHED_IDS_KEPT = 100_000
 
 
-class EpisodeTable(SlotSide):
+class EpisodeTable(ClientWaits, SlotSide):
     """The episodes of an ExternalEnv, the slots that serve them, and its stop state.
 
     The one owner of the episode API's state (see the module docstring).
@@ -275,69 +278,6 @@ class EpisodeTable(SlotSide):
             ep.ended = True
             self._wait(ep, lambda: reply.done, deadline, "abandon_episode")
 
-    # ---------------------------------------------------- client-side waits
-
-    def _deadline(self, timeout):
-        return time.monotonic() + (self._action_timeout if timeout is None else float(timeout))
-
-    def _raise_if_stopped(self):
-        if self._stop_requested:
-            raise ExternalEnvStoppedError(
-                f"the ExternalEnv is stopped ({self._stop_reason})") from self._error
-
-    def _get(self, episode_id):
-        self._raise_if_stopped()
-        ep = self._episodes.get(episode_id)
-        if ep is not None and not ep.ended and ep.closed_reason is None:
-            return ep
-        reason = (self._finished.get(episode_id) if ep is None else
-                  ep.closed_reason or "ended by end_episode()")
-        if reason is not None:
-            raise ValueError(f"episode {episode_id!r} has already finished ({reason})")
-        raise ValueError(f"episode {episode_id!r} is unknown: call start_episode() first")
-
-    def _wait(self, ep, predicate, deadline, what):
-        """Waits on `ep.cv` (lock held) until predicate(); raises on stop/close/timeout."""
-        ep.active_calls += 1
-        try:
-            while not predicate():
-                ep.cv.wait(self._check_wait_locked(ep, deadline, what))
-        finally:
-            ep.active_calls -= 1
-            ep.last_seen = time.monotonic()
-
-    def _check_wait_locked(self, ep, deadline, what):
-        """The rules of a wait for `ep` that is not answered yet (blocking or
-        async): raises when the table is stopped, the episode closed, or the
-        deadline passed (then it closes the episode); else returns the seconds left."""
-        self._raise_if_stopped()
-        if ep.closed_reason is not None:
-            raise ValueError(f"{what}: episode {ep.id!r} was closed ({ep.closed_reason})")
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            reason = f"{what} got no answer within its timeout"
-            self._close_episode_locked(ep, reason)
-            raise TimeoutError(
-                f"{what} for episode {ep.id!r}: no answer within the timeout "
-                f"(is the driver running and its learner consuming experience? "
-                f"are there enough slots, num_envs, for the episodes in flight?); "
-                f"the episode was closed")
-        return remaining
-
-    def _enqueue(self, ep, event, deadline, what):
-        self._wait(ep, lambda: len(ep.events) < self._max_pending, deadline, what)
-        event.reward = ep.cur_reward
-        ep.cur_reward = 0.0
-        ep.events.append(event)
-        if event.kind == ACT:
-            ep.acted = True
-        if ep.slot is None and not ep.in_ready:
-            ep.in_ready = True
-            self._ready.append(ep)
-            self._slot_cv.notify()
-        ep.cv.notify_all()
-        self._poll_cv.notify_all()
-
     # ------------------------------------------------- episode bookkeeping
 
     def _forget_locked(self, ep, reason):
@@ -390,48 +330,6 @@ class EpisodeTable(SlotSide):
         for ep in list(self._episodes.values()):
             ep.cv.notify_all()
             self._recheck_async_locked(ep)   # get_action_async: as the woken waits do
-
-    # ------------------------------------------- get_action_async completion
-    # (client side only: the slot side completes a PendingAction by answering
-    # its Reply, as it answers a blocked get_action.)
-
-    def _recheck_async_locked(self, ep):
-        """Applies the wait rules to `ep`'s async get_actions (lock held)."""
-        for pending in list(ep.async_waits):
-            self._check_async_locked(pending)
-
-    def _check_async_locked(self, pending):
-        ep = pending.episode
-        # Out of the set first: a TimeoutError closes the episode, whose
-        # recheck must not fail this call with "was closed".
-        ep.async_waits.discard(pending)
-        try:
-            remaining = self._check_wait_locked(ep, pending.deadline, "get_action")
-        except Exception as e:  # pylint: disable=broad-except
-            self._finish_async_locked(pending, None, e)
-            return None
-        ep.async_waits.add(pending)
-        return remaining
-
-    def _expire_async(self, pending):
-        with self._lock:
-            if pending.on_done is None:
-                return None
-            return self._check_async_locked(pending)
-
-    def _finish_async_locked(self, pending, action, error):
-        on_done, pending.on_done = pending.on_done, None
-        if on_done is None:
-            return
-        pending.reply.on_done = None
-        ep = pending.episode
-        ep.async_waits.discard(pending)
-        ep.active_calls -= 1
-        ep.last_seen = time.monotonic()
-        try:
-            on_done(action, error)
-        except Exception:  # pylint: disable=broad-except
-            logger.exception("get_action_async's on_done failed")
 
     # ---------------------------------------------------------- run thread
 
