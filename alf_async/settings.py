@@ -1,6 +1,6 @@
 """`train()`'s settings, grouped as the concepts they are.
 
-Each group is a gin-configurable class with documented fields, as RLlib's
+Each group is a gin-configurable dataclass with documented fields, as RLlib's
 AlgorithmConfig groups and acme's agent configs are. `train()` builds each
 group it is not given from gin, so a .gin file binds the groups' fields:
 
@@ -35,6 +35,8 @@ environment of an env thread's batch, and a batch the rows' unrolls the
 learner takes at once (`Layout.driver_args` maps one onto the other).
 """
 
+import dataclasses
+
 import gin
 
 from alf_async import kernels
@@ -68,22 +70,9 @@ def _bool(binding, value):
         raise ConfigError(f"{binding} must be True or False, got {value!r}")
 
 
-class _Settings(object):
-    """Fields set from the constructor's arguments; equal when the fields are."""
-
-    _fields = ()
-
-    def __eq__(self, other):
-        return type(self) is type(other) and all(
-            getattr(self, f) == getattr(other, f) for f in self._fields)
-
-    def __repr__(self):
-        args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
-        return f"{type(self).__name__}({args})"
-
-
 @gin.configurable
-class Task(_Settings):
+@dataclasses.dataclass
+class Task:
     """What runs: the environment, the agent and the replayer.
 
     Args:
@@ -102,22 +91,20 @@ class Task(_Settings):
             root_dir/replay; `OneTimeReplayer` is given its batch rows.
     """
 
-    _fields = ("env_name", "agent_fn", "suite", "make_env_constructor", "replayer_fn")
+    env_name: str = gin.REQUIRED
+    agent_fn: object = gin.REQUIRED
+    suite: str = "suite_gym"
+    make_env_constructor: object = suites.make_env_constructor
+    replayer_fn: object = replayers.UniformReplayer
 
-    def __init__(self, env_name=gin.REQUIRED, agent_fn=gin.REQUIRED, suite="suite_gym",
-                 make_env_constructor=suites.make_env_constructor,
-                 replayer_fn=replayers.UniformReplayer):
-        if not callable(agent_fn):
-            raise ConfigError(f"Task.agent_fn must be callable, got {agent_fn!r}")
-        self.env_name = env_name
-        self.agent_fn = agent_fn
-        self.suite = suite
-        self.make_env_constructor = make_env_constructor
-        self.replayer_fn = replayer_fn
+    def __post_init__(self):
+        if not callable(self.agent_fn):
+            raise ConfigError(f"Task.agent_fn must be callable, got {self.agent_fn!r}")
 
 
 @gin.configurable
-class Layout(_Settings):
+@dataclasses.dataclass
+class Layout:
     """How the environments' rows are laid out: the only place that names
     env threads and rows.
 
@@ -147,30 +134,27 @@ class Layout(_Settings):
         auto_budget_secs: seconds `choice = 'auto'` measures for at most.
     """
 
-    _fields = ("env_threads", "rows_per_env_thread", "actor_queues", "actor_queue_cap",
-               "choice", "auto_budget_secs")
+    env_threads: int = 1
+    rows_per_env_thread: int = 1
+    actor_queues: int = 1
+    actor_queue_cap: int = 1
+    choice: str = None
+    auto_budget_secs: float = 20.0
 
-    def __init__(self, env_threads=1, rows_per_env_thread=1, actor_queues=1,
-                 actor_queue_cap=1, choice=None, auto_budget_secs=20.0):
-        _int_at_least("Layout.env_threads", env_threads, 1)
-        _int_at_least("Layout.rows_per_env_thread", rows_per_env_thread, 1)
-        if not _is_int(actor_queues) or actor_queues < 0:
+    def __post_init__(self):
+        _int_at_least("Layout.env_threads", self.env_threads, 1)
+        _int_at_least("Layout.rows_per_env_thread", self.rows_per_env_thread, 1)
+        if not _is_int(self.actor_queues) or self.actor_queues < 0:
             raise ConfigError(f"Layout.actor_queues must be an int >= 0 (0: each env thread "
-                              f"acts itself), got {actor_queues!r}")
-        _int_at_least("Layout.actor_queue_cap", actor_queue_cap, 1)
-        if choice not in (None, "auto"):
+                              f"acts itself), got {self.actor_queues!r}")
+        _int_at_least("Layout.actor_queue_cap", self.actor_queue_cap, 1)
+        if self.choice not in (None, "auto"):
             try:
-                layout_lib.parse_layout(choice)
+                layout_lib.parse_layout(self.choice)
             except ValueError as e:
                 raise ConfigError(f"Layout.choice must be None, 'auto' or a layout: {e}") \
                     from None
-        _positive_number("Layout.auto_budget_secs", auto_budget_secs)
-        self.env_threads = env_threads
-        self.rows_per_env_thread = rows_per_env_thread
-        self.actor_queues = actor_queues
-        self.actor_queue_cap = actor_queue_cap
-        self.choice = choice
-        self.auto_budget_secs = auto_budget_secs
+        _positive_number("Layout.auto_budget_secs", self.auto_budget_secs)
 
     @property
     def rows(self):
@@ -191,16 +175,18 @@ class Layout(_Settings):
                     unroll_length=schedule.unroll_length,
                     batches_ahead=schedule.batches_ahead)
 
-    @classmethod
-    def of(cls, run_layout):
-        """The Layout of a driver layout (`alf_async.driver.layout.Layout`)."""
-        return cls(env_threads=run_layout.num_envs, rows_per_env_thread=run_layout.env_batch_size,
-                   actor_queues=run_layout.num_actor_queues,
-                   actor_queue_cap=run_layout.actor_queue_cap)
+    def chosen(self, run_layout):
+        """This Layout set to a driver layout `choice` gave
+        (`alf_async.driver.layout.Layout`), with no choice left to make."""
+        return dataclasses.replace(
+            self, env_threads=run_layout.num_envs, rows_per_env_thread=run_layout.env_batch_size,
+            actor_queues=run_layout.num_actor_queues, actor_queue_cap=run_layout.actor_queue_cap,
+            choice=None)
 
 
 @gin.configurable
-class Schedule(_Settings):
+@dataclasses.dataclass
+class Schedule:
     """How collecting and training take turns, and when the run stops.
 
     An iteration takes one batch of `rows_per_batch` rows x `unroll_length`
@@ -226,42 +212,35 @@ class Schedule(_Settings):
             (`AsyncOffPolicyDriver`'s batches_ahead; docs/training.md).
     """
 
-    _fields = ("num_iterations", "num_env_steps", "unroll_length", "rows_per_batch",
-               "train_steps_per_iteration", "sample_batch_size", "initial_collect_steps",
-               "random_initial_collect", "batches_ahead")
+    num_iterations: int = None
+    num_env_steps: int = None
+    unroll_length: int = 8
+    rows_per_batch: int = None
+    train_steps_per_iteration: int = 1
+    sample_batch_size: int = 64
+    initial_collect_steps: int = 0
+    random_initial_collect: bool = False
+    batches_ahead: int = None
 
-    def __init__(self, num_iterations=None, num_env_steps=None, unroll_length=8,
-                 rows_per_batch=None, train_steps_per_iteration=1, sample_batch_size=64,
-                 initial_collect_steps=0, random_initial_collect=False, batches_ahead=None):
-        for name, value in (("num_iterations", num_iterations),
-                            ("num_env_steps", num_env_steps),
-                            ("initial_collect_steps", initial_collect_steps)):
-            _optional_int_at_least(f"Schedule.{name}", value, 0)
-        if num_iterations is None and num_env_steps is None:
+    def __post_init__(self):
+        for name in ("num_iterations", "num_env_steps", "initial_collect_steps"):
+            _optional_int_at_least(f"Schedule.{name}", getattr(self, name), 0)
+        if self.num_iterations is None and self.num_env_steps is None:
             raise ConfigError("set Schedule.num_iterations or Schedule.num_env_steps (or "
                               "both): otherwise training never stops")
-        _optional_int_at_least("Schedule.rows_per_batch", rows_per_batch, 1,
+        _optional_int_at_least("Schedule.rows_per_batch", self.rows_per_batch, 1,
                                " (one env thread's rows)")
-        for name, value in (("unroll_length", unroll_length),
-                            ("train_steps_per_iteration", train_steps_per_iteration),
-                            ("sample_batch_size", sample_batch_size)):
-            _int_at_least(f"Schedule.{name}", value, 1)
-        _bool("Schedule.random_initial_collect", random_initial_collect)
-        _optional_int_at_least("Schedule.batches_ahead", batches_ahead, 1,
+        for name in ("unroll_length", "train_steps_per_iteration", "sample_batch_size"):
+            _int_at_least(f"Schedule.{name}", getattr(self, name), 1)
+        _bool("Schedule.random_initial_collect", self.random_initial_collect)
+        _optional_int_at_least("Schedule.batches_ahead", self.batches_ahead, 1,
                                " (collect whenever the learn queue has room)")
-        self.num_iterations = num_iterations
-        self.num_env_steps = num_env_steps
-        self.unroll_length = unroll_length
-        self.rows_per_batch = rows_per_batch
-        self.train_steps_per_iteration = train_steps_per_iteration
-        self.sample_batch_size = sample_batch_size
-        self.initial_collect_steps = initial_collect_steps or 0
-        self.random_initial_collect = random_initial_collect
-        self.batches_ahead = batches_ahead
+        self.initial_collect_steps = self.initial_collect_steps or 0
 
 
 @gin.configurable
-class Evaluation(_Settings):
+@dataclasses.dataclass
+class Evaluation:
     """How the policy is evaluated, and when the run counts as solved.
 
     Args:
@@ -285,36 +264,36 @@ class Evaluation(_Settings):
             learner's thread, training paused meanwhile.
     """
 
-    _fields = ("episodes", "interval", "stop_at_return", "greedy", "epsilon", "env_kwargs",
-               "in_background")
+    episodes: int = 10
+    interval: int = 1000
+    stop_at_return: float = None
+    greedy: bool = False
+    epsilon: float = None
+    env_kwargs: dict = None
+    in_background: bool = False
 
-    def __init__(self, episodes=10, interval=1000, stop_at_return=None, greedy=False,
-                 epsilon=None, env_kwargs=None, in_background=False):
-        _optional_int_at_least("Evaluation.episodes", episodes, 0)
-        _int_at_least("Evaluation.interval", interval, 1)
-        if stop_at_return is not None and not episodes:
+    def __post_init__(self):
+        _optional_int_at_least("Evaluation.episodes", self.episodes, 0)
+        _int_at_least("Evaluation.interval", self.interval, 1)
+        if self.stop_at_return is not None and not self.episodes:
             raise ConfigError("Evaluation.stop_at_return needs Evaluation.episodes >= 1")
-        _bool("Evaluation.greedy", greedy)
-        _bool("Evaluation.in_background", in_background)
+        _bool("Evaluation.greedy", self.greedy)
+        _bool("Evaluation.in_background", self.in_background)
+        epsilon = self.epsilon
         if epsilon is not None and (isinstance(epsilon, bool) or
                                     not isinstance(epsilon, (int, float)) or
                                     not 0 <= epsilon <= 1):
             raise ConfigError(f"Evaluation.epsilon must be None or a number in [0, 1], "
                               f"got {epsilon!r}")
-        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        if self.env_kwargs is not None and not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"Evaluation.env_kwargs must be None or a dict of suites.load "
-                              f"arguments, got {env_kwargs!r}")
-        self.episodes = episodes or 0
-        self.interval = interval
-        self.stop_at_return = stop_at_return
-        self.greedy = greedy
-        self.epsilon = epsilon
-        self.env_kwargs = env_kwargs
-        self.in_background = in_background
+                              f"arguments, got {self.env_kwargs!r}")
+        self.episodes = self.episodes or 0
 
 
 @gin.configurable
-class Outputs(_Settings):
+@dataclasses.dataclass
+class Outputs:
     """What the run writes besides the agent: summaries, checkpoints, progress lines.
 
     Args:
@@ -323,19 +302,19 @@ class Outputs(_Settings):
         log_interval_secs: seconds between progress lines.
     """
 
-    _fields = ("summary_interval", "checkpoint_interval", "log_interval_secs")
+    summary_interval: int = 100
+    checkpoint_interval: int = 10000
+    log_interval_secs: float = 10.0
 
-    def __init__(self, summary_interval=100, checkpoint_interval=10000, log_interval_secs=10.0):
-        _int_at_least("Outputs.summary_interval", summary_interval, 1)
-        _int_at_least("Outputs.checkpoint_interval", checkpoint_interval, 1)
-        _positive_number("Outputs.log_interval_secs", log_interval_secs)
-        self.summary_interval = summary_interval
-        self.checkpoint_interval = checkpoint_interval
-        self.log_interval_secs = log_interval_secs
+    def __post_init__(self):
+        _int_at_least("Outputs.summary_interval", self.summary_interval, 1)
+        _int_at_least("Outputs.checkpoint_interval", self.checkpoint_interval, 1)
+        _positive_number("Outputs.log_interval_secs", self.log_interval_secs)
 
 
 @gin.configurable
-class Runtime(_Settings):
+@dataclasses.dataclass
+class Runtime:
     """The process the run lives in: TensorFlow's threads, the seed, the kernels.
 
     Args:
@@ -353,23 +332,22 @@ class Runtime(_Settings):
             first TensorFlow import.
     """
 
-    _fields = ("inter_op_threads", "intra_op_threads", "seed", "kernel_choice")
+    inter_op_threads: int = None
+    intra_op_threads: int = None
+    seed: int = None
+    kernel_choice: str = "auto"
 
-    def __init__(self, inter_op_threads=None, intra_op_threads=None, seed=None,
-                 kernel_choice="auto"):
-        _optional_int_at_least("Runtime.inter_op_threads", inter_op_threads, 1)
-        _optional_int_at_least("Runtime.intra_op_threads", intra_op_threads, 1)
-        if kernel_choice not in kernels.KERNEL_CHOICES:
-            raise ConfigError(f"Runtime.kernel_choice must be one of {kernels.KERNEL_CHOICES}, "
-                              f"got {kernel_choice!r}")
-        self.inter_op_threads = inter_op_threads
-        self.intra_op_threads = intra_op_threads
-        self.seed = seed
-        self.kernel_choice = kernel_choice
+    def __post_init__(self):
+        _optional_int_at_least("Runtime.inter_op_threads", self.inter_op_threads, 1)
+        _optional_int_at_least("Runtime.intra_op_threads", self.intra_op_threads, 1)
+        if self.kernel_choice not in kernels.KERNEL_CHOICES:
+            raise ConfigError(f"Runtime.kernel_choice must be one of "
+                              f"{kernels.KERNEL_CHOICES}, got {self.kernel_choice!r}")
 
 
 @gin.configurable
-class Collectors(_Settings):
+@dataclasses.dataclass
+class Collectors:
     """Collector processes that feed this learner through a Reverb server here.
 
     Args:
@@ -381,16 +359,15 @@ class Collectors(_Settings):
             actors) or 'none' (by hand, with alf-async-collect).
     """
 
-    _fields = ("count", "launcher")
+    count: int = 0
+    launcher: str = "local"
 
-    def __init__(self, count=0, launcher="local"):
-        if not _is_int(count) or count < 0:
-            raise ConfigError(f"Collectors.count must be an int >= 0, got {count!r}")
-        if launcher not in ("local", "ray", "none"):
+    def __post_init__(self):
+        if not _is_int(self.count) or self.count < 0:
+            raise ConfigError(f"Collectors.count must be an int >= 0, got {self.count!r}")
+        if self.launcher not in ("local", "ray", "none"):
             raise ConfigError(f"Collectors.launcher must be 'local', 'ray' or 'none', got "
-                              f"{launcher!r}")
-        self.count = count
-        self.launcher = launcher
+                              f"{self.launcher!r}")
 
 
 def check_together(layout, schedule, collectors):

@@ -247,7 +247,7 @@ def _in_process(root_dir, task, layout, schedule, runtime, agent, stop_event, pr
         if run_layout.recv_batch_size is not None:
             make_env_constructor = functools.partial(
                 make_env_constructor, recv_batch_size=run_layout.recv_batch_size)
-        layout = Layout.of(run_layout)
+        layout = layout.chosen(run_layout)
     env_constructor = make_env_constructor(task.suite, task.env_name,
                                            batch_size=layout.rows_per_env_thread,
                                            seed=runtime.seed)

@@ -1,8 +1,8 @@
 """The settings' bindings for `alf-async-train --help`, read without TensorFlow.
 
 The settings groups' fields, defaults and one-line descriptions are parsed
-from alf_async/settings.py's source (each gin-configurable class's
-`__init__` signature and the Args section of its docstring), so `--help`
+from alf_async/settings.py's source (each gin-configurable dataclass's
+fields and the Args section of its docstring), so `--help`
 answers without importing TensorFlow and cannot drift from the real
 signatures (tests/test_cli.py checks both against `inspect.signature`).
 """
@@ -29,18 +29,15 @@ def setting_bindings(source_path=SETTINGS_SOURCE):
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     rows = []
     for group in GROUPS:
-        init = next(node for node in classes[group].body
-                    if isinstance(node, ast.FunctionDef) and node.name == "__init__")
-        args = init.args.args[1:]   # without self
-        defaults = [None] * (len(args) - len(init.args.defaults)) + init.args.defaults
+        fields = [node for node in classes[group].body if isinstance(node, ast.AnnAssign)]
         descriptions = _arg_descriptions(ast.get_docstring(classes[group]) or "")
-        for arg, default in zip(args, defaults):
-            text = ast.unparse(default)
+        for field in fields:
+            text = ast.unparse(field.value)
             if text == "gin.REQUIRED":
                 text = "REQUIRED"
-            elif isinstance(default, (ast.Name, ast.Attribute)):
+            elif isinstance(field.value, (ast.Name, ast.Attribute)):
                 text = "@" + text.split(".")[-1]  # a configurable, as gin names it
-            rows.append((group, arg.arg, text, descriptions.get(arg.arg, "")))
+            rows.append((group, field.target.id, text, descriptions.get(field.target.id, "")))
     return rows
 
 
