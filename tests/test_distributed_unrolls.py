@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import gin
@@ -149,23 +148,9 @@ def test_the_queue_serves_each_item_once_in_order_and_holds_inserts_while_full()
         server.stop()
 
 
-class PpoLearner(Learner):
+def PpoLearner(root_dir, *params):  # pylint: disable=invalid-name  (a Learner's factory)
     """test_distributed's learner CLI process on ppo_cartpole_distributed.gin."""
-
-    def __init__(self, root_dir, *params):  # pylint: disable=super-init-not-called
-        args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
-                "--gin_file", PPO_GIN]
-        for p in TINY + list(params):
-            args += ["--gin_param", p]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=ENV, cwd=REPO, start_new_session=True)
-        self.lines = []
-        self.err = []
-        self._threads = [threading.Thread(target=self._read, args=(s, l), daemon=True)
-                         for s, l in ((self.process.stdout, self.lines),
-                                      (self.process.stderr, self.err))]
-        for t in self._threads:
-            t.start()
+    return Learner(root_dir, *params, gin_file=PPO_GIN, base=TINY)
 
 
 def test_ppo_learner_trains_from_collectors_reports_the_lag_survives_sigkill_and_stops(

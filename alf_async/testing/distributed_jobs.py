@@ -38,11 +38,12 @@ PROGRESS = re.compile(r"\[alf_async\] iteration \d+ \| env steps \d+ .*\| train 
 class Learner(object):
     """The learner CLI as a process whose stdout is read line by line by a thread."""
 
-    def __init__(self, root_dir, *params, host=None):
-        """`host`: (TestHosts, name) to run it on a namespaced host."""
+    def __init__(self, root_dir, *params, host=None, gin_file=DISTRIBUTED_GIN, base=None):
+        """`host`: (TestHosts, name) to run it on a namespaced host; `base`:
+        the bindings before `params` (None: `TINY`, for `gin_file`'s default)."""
         args = [sys.executable, "-m", "alf_async.bin.train", "--root_dir", str(root_dir),
-                "--gin_file", DISTRIBUTED_GIN]
-        for p in TINY + list(params):
+                "--gin_file", gin_file]
+        for p in (TINY if base is None else base) + list(params):
             args += ["--gin_param", p]
         popen = subprocess.Popen if host is None else functools.partial(host[0].popen, host[1])
         self.process = popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
