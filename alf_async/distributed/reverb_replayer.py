@@ -53,7 +53,7 @@ dataset then fetches ahead exactly `max_in_flight_samples_per_worker`
 items (default 1; tf.data's injected prefetch, which would take one more
 batch out of the queue, is turned off), and each item fetched ahead has
 left the queue: a learner that waits for a batch counts them
-(`learner_role.ReplayFeed`).
+(`replay_feed.ReplayFeed`).
 
 Checkpoints. With `checkpoint_dir`, the in-process server is built with
 Reverb's `DefaultCheckpointer` there: it loads the latest checkpoint at
