@@ -35,7 +35,7 @@ them in one place (the driver and the learner check for them with
   per row:
   - `RowStepping`: a batched environment that steps its own rows one by
     one, each as soon as it has its action, and reports whichever rows are
-    ready (EnvPool's asynchronous mode: suite_envpool's EnvPoolEnv;
+    ready (EnvPool's asynchronous mode: suites.envpool_envs.EnvPoolEnv;
     `make_row_stepper`).
   - `OffersRowStepper`: an unbatched environment, a row of a batch of them,
     that can step the batch's rows itself when they are all of its kind
