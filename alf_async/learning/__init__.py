@@ -11,9 +11,10 @@
 - `agents.py`: the agent builders gin configs name (`dqn_agent`,
   `sac_agent`, `ppo_agent`, `impala_agent`); `builder_parts.py`: what they
   share (argument checks, torso dtype, pixel scaling, optimizers built
-  ahead of the first trace); `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the
-  train step while the driver collects; `random_start.py`: uniform random
-  actions before training starts.
+  ahead of the first trace).
+- `evaluation.py`: greedy evaluation; `warm_up.py`: tracing the train step
+  while the driver collects; `random_start.py`: uniform random actions
+  before training starts.
 
 Uses only `alf_async.driver` and the layers below it.
 """
