@@ -9,8 +9,10 @@ import sys
 import time
 
 import gin
+import numpy as np
 import pytest
 import tensorflow as tf
+from tf_agents.trajectories.time_step import StepType
 
 reverb = pytest.importorskip("reverb")
 
@@ -83,11 +85,13 @@ def test_collector_writes_windows_and_pulls_variables(tmp_path):
     process = run_collect(tmp_path, address)
     try:
         deadline = time.monotonic() + 60
-        while client.server_info()[REPLAY_TABLE].current_size < 20:
+        # 20 windows written and a second variable pull served (a pull is a
+        # sample of the variable table).
+        while client.server_info()[REPLAY_TABLE].current_size < 20 or client.server_info()[
+                collector.VARIABLE_TABLE].rate_limiter_info.sample_stats.completed < 2:
             assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the collector wrote nothing in 60 s"
-            time.sleep(0.5)
-        time.sleep(1.0)  # at least one more variable pull
+            assert time.monotonic() < deadline, "the collector wrote or pulled too little in 60 s"
+            time.sleep(0.1)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
@@ -100,11 +104,27 @@ def test_collector_writes_windows_and_pulls_variables(tmp_path):
     assert last.endswith("(learner train step 7)")
     pulls = int(last.split(" variable pulls")[0].rsplit(" ", 1)[1])
     assert pulls >= 2
-    # Every window is 2 consecutive steps of one env: the first's next step is the second's.
-    for sample in client.sample(REPLAY_TABLE, num_samples=10, emit_timesteps=False,
-                                unpack_as_table_signature=True):
-        obs = sample.data.observation
-        assert obs.shape == (2, 4)
+    # Every window is 2 consecutive steps of one env: the first's next step
+    # is the second's. Within an episode CartPole's Euler step moves the
+    # cart and the pole by tau = 0.02 times their velocities, whatever the
+    # action (a step of another env would not); after the episode's last
+    # step comes the first of the next.
+    windows = list(client.sample(REPLAY_TABLE, num_samples=40, emit_timesteps=False,
+                                 unpack_as_table_signature=True))
+    assert len(windows) == 40
+    within = 0
+    for sample in windows:
+        data = tf.nest.map_structure(np.asarray, sample.data)
+        assert data.observation.shape == (2, 4)
+        assert data.next_step_type[0] == data.step_type[1], data
+        if data.step_type[0] == StepType.LAST:
+            assert data.step_type[1] == StepType.FIRST, data
+            continue
+        within += 1
+        (x, x_dot, theta, theta_dot), (next_x, _, next_theta, _) = data.observation
+        np.testing.assert_allclose([next_x, next_theta],
+                                   [x + 0.02 * x_dot, theta + 0.02 * theta_dot], atol=1e-5)
+    assert within > 0
     server.stop()
 
 
