@@ -75,8 +75,9 @@ def curve_from_monitors(texts, every_frames=EVERY_FRAMES, window=WINDOW):
 
     Returns:
         ((agent steps, score), ...): at every `every_frames` frames up to the
-        last episode's end, the mean score of the last `window` episodes
-        ended by then (points before the first `window` episodes are left out).
+            last episode's end, the mean score of the last `window` episodes
+            ended by then (points before the first `window` episodes are left
+            out).
     """
     num_games = len(texts)
     ended = []                       # (run frames at the episode's end, score)
