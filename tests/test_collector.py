@@ -206,10 +206,11 @@ def test_paced_writes_wait_once_more_than_unconfirmed_unrolls_are_in_flight(
         # 3 items fill the queue (unrolls 0 and 1); then each unroll adds 2
         # unconfirmed ones: unrolls 2 .. 1 + unconfirmed_unrolls pass.
         deadline = time.monotonic() + 30
-        while len(started) < 3 + unconfirmed_unrolls:
+        while len(started) < 3 + unconfirmed_unrolls or \
+                len(returned) < 2 + unconfirmed_unrolls:
             assert time.monotonic() < deadline, (started, returned)
             time.sleep(0.05)
-        time.sleep(1.0)
+        time.sleep(1.0)  # and the next one waits: it does not return
         assert returned == list(range(2 + unconfirmed_unrolls))
         assert client.server_info()[REPLAY_TABLE].current_size == 3
     finally:
