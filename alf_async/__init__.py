@@ -4,11 +4,11 @@ The top-level names are imported lazily so that ``import alf_async.environments`
 (for example inside a SubprocessEnv child) does not pay for the driver.
 """
 
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 from alf_async._lazy import lazy_exports
 
 # A process started by a quiet one (SubprocessEnv's fork server and children)
-# is quiet too; see alf_async.tf215_py311_fixes.quiet.
+# is quiet too; see alf_async.quiet.
 quiet.apply_inherited()
 
 _EXPORTS = {

@@ -16,6 +16,10 @@ its actors, learners and variable sources:
   - `ScheduledReplay`: it can refuse a train schedule it would stall on
     (a rate limiter);
   - `ClosableReplay`: it owns resources (a server) that the run closes.
+- `UnrollAgent`: an agent that trains on each batch of unrolls once
+  (tf-agents' PPO agents, IMPALA) rather than on a replay buffer's
+  windows; the run then wires a one-time replayer and refuses what such an
+  agent cannot use.
 - `RowStepper`: what steps the rows of a batched environment one by one,
   each as soon as its action comes, for the env thread that owns it
   (the driver's row workers; ExternalEnv's slots; child processes;
@@ -96,6 +100,15 @@ class ClosableReplay(abc.ABC):
     @abc.abstractmethod
     def close(self):
         """Frees its resources; safe to call more than once."""
+
+
+class UnrollAgent(abc.ABC):
+    """A TFAgent that trains on each batch of unrolls once, as it comes.
+
+    Subclass it (`impala.ImpalaAgent` does) or register a class you cannot
+    change (`UnrollAgent.register(PPOAgent)`: alf_async.learning.agents
+    registers tf-agents' PPO agents). A marker: no methods.
+    """
 
 
 class RowStepper(abc.ABC):

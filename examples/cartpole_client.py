@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before gym is imported
 

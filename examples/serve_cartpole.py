@@ -22,7 +22,7 @@ import threading
 import sys
 import time
 
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 

@@ -17,7 +17,7 @@ import argparse
 import functools
 import sys
 
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 

@@ -13,8 +13,8 @@ Every `import` in alf_async (module level or inside a function) is read with
     driver                       the asynchronous driver
     environments                 every environment, as a TFEnvironment
     tf215_py311_fixes, _lazy,    workarounds for the pinned stack; lazy exports;
-    kernels, roles               TensorFlow's kernels, chosen before it is imported;
-                                 the roles of a run, named
+    kernels, roles, quiet        TensorFlow's kernels, chosen before it is imported;
+                                 the roles of a run, named; a quiet start
     errors                       the one ConfigError (imports nothing)
 
 A module may import its own package and any layer below its own; `testing`
@@ -38,6 +38,7 @@ LAYERS = {
     "tf215_py311_fixes": 0,
     "kernels": 0,
     "roles": 0,
+    "quiet": 0,
     "errors": -1,
     "environments": 1,
     "driver": 2,
@@ -51,7 +52,8 @@ LAYERS = {
     "bin": 8,
 }
 # testing sits beside the stack: it may import these parts, and none imports it.
-TESTING_MAY_IMPORT = {"_lazy", "tf215_py311_fixes", "roles", "environments", "testing"}
+TESTING_MAY_IMPORT = {"_lazy", "tf215_py311_fixes", "quiet", "roles", "environments",
+                      "testing"}
 
 
 def _modules():

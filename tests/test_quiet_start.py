@@ -226,7 +226,7 @@ def test_every_shipped_gin_file_is_started_by_a_quiet_start_test():
 # line of another kind written to stderr (file descriptor 2) meanwhile.
 REVERB_CALLS = """
 import os, sys
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 if sys.argv[1] == "quiet":
     quiet.quiet()
 import reverb

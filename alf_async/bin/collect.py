@@ -25,7 +25,7 @@ import sys
 import threading
 
 from alf_async.bin import moved_bindings
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 from alf_async.bin.train import (ConfigError, check_gin_files, choose_kernels, say_on_stderr,
                                   stop_on_signals)
 

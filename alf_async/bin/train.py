@@ -18,7 +18,7 @@ resume. A run that is already finished (its limit reached, or solved)
 says so and exits 0 without starting anything.
 
 Output: third-party start-up noise (TensorFlow's banner, gym's notices,
-deprecation warnings) is silenced unless `--verbose` (see alf_async.tf215_py311_fixes.quiet).
+deprecation warnings) is silenced unless `--verbose` (see alf_async.quiet).
 
 SIGINT / SIGTERM once training started (train() is running, on a thread of
 its own so that the main thread can take signals): the loop stops at the
@@ -51,7 +51,7 @@ import threading
 
 from alf_async import kernels
 from alf_async.errors import ConfigError
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 from alf_async.bin import moved_bindings, train_help
 
 PROG = "alf-async-train"

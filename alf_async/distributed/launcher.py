@@ -271,7 +271,7 @@ class _CollectorActor(object):
     def run(self, address, config, params):
         import gin as gin_  # pylint: disable=import-outside-toplevel
         from alf_async.distributed import collector  # pylint: disable=import-outside-toplevel
-        from alf_async.tf215_py311_fixes import quiet
+        from alf_async import quiet
         quiet.quiet(verbose=False)
         gin_.parse_config(config, skip_unknown=True)
         for p in params:

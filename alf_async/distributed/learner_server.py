@@ -24,7 +24,7 @@ from alf_async.distributed.collector_stats import stats_table
 from alf_async.distributed.reverb_replayer import replay_table, unroll_table
 from alf_async.distributed.server_link import VARIABLE_TABLE, variable_table
 from alf_async.learning.learner import Hook
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 ADDRESS_FILE = "replay_address"
 

@@ -21,7 +21,7 @@ from alf_async.distributed.feed_health import FeedHealth
 from alf_async.distributed.reverb_replayer import REPLAY_TABLE, is_unroll_queue
 from alf_async.driver import DriverStoppedError
 from alf_async.driver import metrics as metrics_lib
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 
 class ReportedCount(metrics_lib.CounterMetric):

@@ -75,7 +75,7 @@ import tensorflow as tf
 
 from alf_async import roles
 from alf_async.learning.replayer_base import Replayer
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 REPLAY_TABLE = "replay"
 

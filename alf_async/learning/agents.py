@@ -22,6 +22,7 @@ from tf_agents.networks import actor_distribution_network, q_network, value_netw
 from tf_agents.trajectories.time_step import StepType
 from tf_agents.utils import common
 
+from alf_async import roles
 from alf_async.learning import impala
 from alf_async.learning import optimizers
 # optimizer_hyperparameters: read here by resume.py; build_optimizer: the
@@ -200,12 +201,15 @@ class BoundaryMaskedSacAgent(sac_agent_lib.SacAgent):
         return super()._train(experience, valid if weights is None else weights * valid)
 
 
+# tf-agents' PPO agents train on each batch of unrolls once.
+roles.UnrollAgent.register(ppo_agent_lib.PPOAgent)
+
+
 def trains_on_unrolls(agent):
-    """True for agents that train on each batch of unrolls once (tf-agents'
-    PPO agents, `impala.ImpalaAgent`, or any agent whose class says
-    `trains_on_unrolls = True`) rather than on a replay buffer's windows."""
-    return isinstance(agent, ppo_agent_lib.PPOAgent) or bool(
-        getattr(agent, "trains_on_unrolls", False))
+    """True for agents that train on each batch of unrolls once (a
+    `roles.UnrollAgent`: tf-agents' PPO agents, `impala.ImpalaAgent`) rather
+    than on a replay buffer's windows."""
+    return isinstance(agent, roles.UnrollAgent)
 
 
 @gin.configurable

@@ -131,8 +131,7 @@ class BackgroundEvaluationHook(EvaluationHook):
 
     def _trace(self):
         self._evaluator.trace()
-        if hasattr(self._snapshot, "trace"):
-            self._snapshot.trace()
+        self._snapshot.trace()
 
     def _evaluate(self, learner, step):
         """Starts the evaluation due at `step` on the thread, unless one runs."""

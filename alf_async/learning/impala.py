@@ -49,6 +49,7 @@ from tf_agents.policies import greedy_policy, tf_policy
 from tf_agents.trajectories import policy_step
 from tf_agents.utils import eager_utils
 
+from alf_async import roles
 from alf_async.learning.vtrace import vtrace_returns
 
 ImpalaLossInfo = collections.namedtuple("ImpalaLossInfo", [
@@ -164,7 +165,7 @@ class ActorCriticPolicy(tf_policy.TFPolicy):
 
 
 @gin.configurable
-class ImpalaAgent(tf_agent.TFAgent):
+class ImpalaAgent(tf_agent.TFAgent, roles.UnrollAgent):
     """Actor-critic with V-trace on batches of linked unrolls (module docstring).
 
     Args:
@@ -186,9 +187,6 @@ class ImpalaAgent(tf_agent.TFAgent):
         summarize_grads_and_vars: as tf-agents' agents.
         name: the agent's name.
     """
-
-    # It trains on each batch of unrolls once (agents.trains_on_unrolls).
-    trains_on_unrolls = True
 
     def __init__(self, time_step_spec, action_spec, actor_critic_network, optimizer,
                  discount_factor=0.99, entropy_regularization=0.01, value_pred_loss_coef=0.5,

@@ -6,8 +6,6 @@ applies; none changes what the rest of alf_async computes.
   EagerTensor leaks on CPython 3.11 (tensorflow/tensorflow#62551).
 - `protocol_check_fix.py`: makes `tf.is_tensor` of a numpy array cheap on
   Python 3.11, where tf-agents calls it on every environment step.
-- `quiet.py`: silences the stack's start-up output (TensorFlow's banner,
-  gym's notices, deprecation warnings); `--verbose` shows it.
 
 Imports nothing else of alf_async.
 """

@@ -121,7 +121,7 @@ def _import_gymnasium():
             raise ValueError(INSTALL_HINT) from None
         if os.environ.get("ALF_ASYNC_QUIET") == "1":
             # The emulator's banner, printed when the first game is made
-            # (alf_async.tf215_py311_fixes.quiet sets ALF_ASYNC_QUIET).
+            # (alf_async.quiet sets ALF_ASYNC_QUIET).
             ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
         gymnasium.register_envs(ale_py)
         _gymnasium = gymnasium

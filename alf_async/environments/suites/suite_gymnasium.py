@@ -27,7 +27,7 @@ from tf_agents.trajectories import time_step as ts
 
 from gymnasium import spaces
 
-from alf_async.tf215_py311_fixes import quiet
+from alf_async import quiet
 
 
 def spec_from_space(space, name=None):

@@ -1,6 +1,6 @@
 """A quiet start: no third-party output before alf_async's own lines.
 
-    from alf_async.tf215_py311_fixes import quiet
+    from alf_async import quiet
     quiet.quiet(verbose=False)      # before TensorFlow, tf-agents or gym are imported
     import tensorflow as tf
 
