@@ -179,7 +179,7 @@ def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():
 
 
 def test_num_environments_and_seconds_per_candidate_are_checked():
-    with pytest.raises(ValueError, match="^num_environments must be an integer >= 1, got 0$"):
+    with pytest.raises(ValueError, match="^num_rows must be an integer >= 1, got 0$"):
         choose_layout(_make(), _policy(), 0)
     with pytest.raises(ValueError, match="^seconds_per_candidate must be > 0, got 0$"):
         choose_layout(_make(), _policy(), 4, seconds_per_candidate=0)

@@ -2,12 +2,12 @@
 policy, as FFTW's measured plans, cuDNN's autotuner and `tf.data.AUTOTUNE`
 do, instead of guessing.
 
-    choice = choose_layout(env_constructor, policy, num_environments=16)
+    choice = choose_layout(env_constructor, policy, num_rows=16)
     choice.layout      # Layout(num_envs=2, env_batch_size=8, num_actor_queues=1,
                        #        actor_queue_cap=2, processes=False)
     choice.rates       # [(Layout, env steps/s)], every candidate measured, fastest first
 
-A layout splits `num_environments` environment rows into `num_envs` env
+A layout splits `num_rows` environment rows into `num_envs` env
 threads of `env_batch_size` rows, served by `num_actor_queues` actor threads
 taking up to `actor_queue_cap` env threads' requests per forward pass, with
 the environments in this process or (`processes`) in child processes.
@@ -17,7 +17,7 @@ the environments in this process or (`processes`) in child processes.
 it takes a `batch_size` argument, it gives environments of any batch size,
 and every split of the rows is a candidate. The driver's own zero-arg
 env_constructor gives environments of one batch size B, and the candidates
-are the layouts of `num_environments / B` env threads of B rows.
+are the layouts of `num_rows / B` env threads of B rows.
 
 How it chooses, within `budget_secs`:
 
@@ -28,7 +28,7 @@ How it chooses, within `budget_secs`:
    its rows one by one (`stepping.stepping_of`: `BlockingStep` or
    `RowStepping` environments) and
    whether they come in receives (EnvPool); the policy's batched forward
-   pass timed at batch sizes 1, 2, 4, ... up to `num_environments`.
+   pass timed at batch sizes 1, 2, 4, ... up to `num_rows`.
 2. **Candidates** (`layout_model.candidates`): every split of the rows
    into env threads (in process, and in child processes when a
    constructor for them is given), with one or two actor threads, ranked
@@ -163,7 +163,7 @@ def cores():
         return os.cpu_count() or 1
 
 
-def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.monotonic):
+def profile(env_constructor, policy, num_rows, seconds=1.0, clock=time.monotonic):
     """Measures one environment's step and the policy's forward pass (see
     the module docstring). Runs on the caller's thread.
 
@@ -171,7 +171,7 @@ def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.m
         env_constructor: as `choose_layout`'s (with a fixed batch size B, a
             B-row environment is stepped and each row costs a B-th).
         policy: the TFPolicy the driver will act with.
-        num_environments: the largest batch the policy is timed at.
+        num_rows: the largest batch the policy is timed at.
         seconds: about how long stepping the environment takes.
         clock: a zero-arg callable returning seconds.
 
@@ -193,7 +193,7 @@ def profile(env_constructor, policy, num_environments, seconds=1.0, clock=time.m
     finally:
         env.close()
     return Profile(step_secs, step_cpu_secs, step_gil_secs, rows_stepped, receives,
-                   _time_inference(policy, time_step, num_environments, clock), cores(),
+                   _time_inference(policy, time_step, num_rows, clock), cores(),
                    None if any_batch else rows)
 
 
@@ -236,22 +236,22 @@ def _time_steps(env, seconds, clock):
     return wall / steps, process / steps, thread / steps
 
 
-def _batch_sizes(num_environments):
+def _batch_sizes(num_rows):
     sizes, b = [], 1
-    while b < num_environments:
+    while b < num_rows:
         sizes.append(b)
         b *= 2
-    return sizes + [num_environments]
+    return sizes + [num_rows]
 
 
-def _time_inference(policy, time_step, num_environments, clock):
+def _time_inference(policy, time_step, num_rows, clock):
     """{batch size: seconds} of `policy.action`, traced once for any batch."""
     batched = tensor_spec.add_outer_dims_nest(policy.time_step_spec, (None,))
     state_spec = tensor_spec.add_outer_dims_nest(policy.policy_state_spec, (None,))
     action = tf.function(policy.action, input_signature=[batched, state_spec],
                          autograph=False)
     result = {}
-    for b in _batch_sizes(num_environments):
+    for b in _batch_sizes(num_rows):
         tiled = tf.nest.map_structure(lambda t: tf.repeat(t, b, axis=0), time_step)
         state = policy.get_initial_state(b)
         tf.nest.map_structure(lambda t: t.numpy(), action(tiled, state))   # traced, warm
@@ -356,11 +356,11 @@ def measure_rate(env_constructor, policy, layout, seconds, unroll_length=8,
             raise DriverStoppedError("measuring layouts was stopped")
 
 
-def choose_layout(env_constructor, policy, num_environments,
+def choose_layout(env_constructor, policy, num_rows,
                   process_env_constructor=None, budget_secs=20.0, seconds_per_candidate=1.5,
                   unroll_length=8, batch_rows=None, stop_event=None, print_fn=None,
                   clock=time.monotonic, measure=None):
-    """Measures candidate layouts for `num_environments` rows of the user's
+    """Measures candidate layouts for `num_rows` rows of the user's
     environments and `policy`, and returns the fastest (see the module
     docstring).
 
@@ -371,7 +371,7 @@ def choose_layout(env_constructor, policy, num_environments,
             whose batch size every candidate then keeps (see the module
             docstring).
         policy: the TFPolicy the driver will act with (its collect policy).
-        num_environments: environment rows in total (num_envs x env_batch_size).
+        num_rows: environment rows in total (num_envs x env_batch_size).
         process_env_constructor: the same for environments in child
             processes; None: in process only.
         budget_secs: seconds to spend at most, profiling included (the
@@ -392,30 +392,30 @@ def choose_layout(env_constructor, policy, num_environments,
         A `LayoutChoice`.
 
     Raises:
-        ValueError: `num_environments` is not an integer >= 1,
+        ValueError: `num_rows` is not an integer >= 1,
             `seconds_per_candidate` is not > 0, or no split of
-            `num_environments` into env threads fits (a fixed batch size must divide it,
+            `num_rows` into env threads fits (a fixed batch size must divide it,
             an env batch size must divide `batch_rows`).
         DriverStoppedError: `stop_event` was set before a layout was chosen.
         Exception: whatever the environments or the policy raised, with its type.
     """
-    if not isinstance(num_environments, int) or isinstance(num_environments, bool) or (
-            num_environments < 1):
-        raise ValueError(f"num_environments must be an integer >= 1, got {num_environments!r}")
+    if not isinstance(num_rows, int) or isinstance(num_rows, bool) or (
+            num_rows < 1):
+        raise ValueError(f"num_rows must be an integer >= 1, got {num_rows!r}")
     if not seconds_per_candidate > 0:
         raise ValueError(
             f"seconds_per_candidate must be > 0, got {seconds_per_candidate!r}")
     start = clock()
-    profile_ = profile(env_constructor, policy, num_environments,
+    profile_ = profile(env_constructor, policy, num_rows,
                        seconds=min(1.0, budget_secs / 10), clock=clock)
-    ranked = candidates(profile_, num_environments,
+    ranked = candidates(profile_, num_rows,
                         processes=process_env_constructor is not None, batch_rows=batch_rows)
     if not ranked:
         fixed = profile_.fixed_batch_size
         reasons = ([f"env_constructor's environments have {fixed} rows"] if fixed else []) + (
             [f"an env batch size must divide the learner's {batch_rows} rows"]
             if batch_rows is not None else [])
-        raise ValueError(f"no split of {num_environments} environments into env threads "
+        raise ValueError(f"no split of {num_rows} environments into env threads "
                          f"fits: {'; '.join(reasons)}")
     if measure is None:
         def measure(layout, seconds):

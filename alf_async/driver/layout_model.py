@@ -165,8 +165,8 @@ def requests_per_forward(profile_, layout):
     return k
 
 
-def candidates(profile_, num_environments, processes=False, max_threads=None, batch_rows=None):
-    """Every layout of `num_environments` rows worth considering, best
+def candidates(profile_, num_rows, processes=False, max_threads=None, batch_rows=None):
+    """Every layout of `num_rows` rows worth considering, best
     predicted first: each split into env threads (at most `max_threads`,
     default 4 per core; with `batch_rows`, only splits whose env batch size
     divides it; with the profile's `fixed_batch_size`, only splits into env
@@ -186,10 +186,10 @@ def candidates(profile_, num_environments, processes=False, max_threads=None, ba
     max_threads = max_threads or 4 * profile_.cores
     fixed = profile_.fixed_batch_size
     layouts = []
-    for num_envs in range(1, num_environments + 1):
-        if num_environments % num_envs:
+    for num_envs in range(1, num_rows + 1):
+        if num_rows % num_envs:
             continue
-        rows = num_environments // num_envs
+        rows = num_rows // num_envs
         if (batch_rows is not None and batch_rows % rows) or (
                 rows != fixed if fixed else num_envs > max_threads):
             continue
