@@ -109,7 +109,8 @@ def train(root_dir, task=None, layout=None, schedule=None, evaluation=None, outp
     Args:
         root_dir: where checkpoints, summaries and the operative config go.
         task: a `settings.Task`: the environment, agent and replayer.
-        layout: a `settings.Layout`: env threads, rows, actor queues; or 'auto'.
+        layout: a `settings.Layout`: env threads, rows, actor queues (or its
+            `choice`: 'auto' measures them).
         schedule: a `settings.Schedule`: batches, limits, train steps, pacing.
         evaluation: a `settings.Evaluation`.
         outputs: a `settings.Outputs`: summaries, checkpoints, progress lines.
