@@ -166,12 +166,28 @@ class Layout:
         `rows_per_batch`, or one env thread's rows)."""
         return schedule.rows_per_batch or self.rows_per_env_thread
 
+    def unrolls_per_batch(self, batch_rows, scope=""):
+        """The env threads' unrolls a batch of `batch_rows` rows takes (the
+        driver's learn_queue_cap).
+
+        Raises:
+            ConfigError: `batch_rows` is not a whole number of env threads'
+                rows; `scope` prefixes the bindings named ('collect/').
+        """
+        if batch_rows % self.rows_per_env_thread:
+            batch_binding = "collect.rows_per_batch" if scope else "Schedule.rows_per_batch"
+            raise ConfigError(
+                f"{batch_binding} {batch_rows} is not a whole number of env threads' rows "
+                f"({scope}Layout.rows_per_env_thread {self.rows_per_env_thread}): make it a "
+                f"multiple")
+        return batch_rows // self.rows_per_env_thread
+
     def driver_args(self, schedule):
         """`AsyncOffPolicyDriver`'s layout arguments (ALF's names) for the
         learner batch of `schedule`."""
         return dict(num_envs=self.env_threads, num_actor_queues=self.actor_queues,
                     actor_queue_cap=self.actor_queue_cap,
-                    learn_queue_cap=self.batch_rows(schedule) // self.rows_per_env_thread,
+                    learn_queue_cap=self.unrolls_per_batch(self.batch_rows(schedule)),
                     unroll_length=schedule.unroll_length,
                     batches_ahead=schedule.batches_ahead)
 
@@ -372,20 +388,17 @@ class Collectors:
 
 def check_together(layout, schedule, collectors):
     """Refuses settings of different groups that cannot run together."""
-    batch_rows = layout.batch_rows(schedule)
-    if batch_rows % layout.rows_per_env_thread and layout.choice is None:
-        raise ConfigError(
-            f"Schedule.rows_per_batch {batch_rows} is not a whole number of env "
-            f"threads' rows (Layout.rows_per_env_thread {layout.rows_per_env_thread}): make "
-            f"it a multiple")
+    # A layout that 'auto' or a name gives is checked against the batch once
+    # it is known (`driver.layout.check_layout`).
+    unrolls = (layout.unrolls_per_batch(layout.batch_rows(schedule))
+               if layout.choice is None else None)
     ahead = schedule.batches_ahead
     if ahead is not None:
         if collectors.count:
             raise ConfigError("Schedule.batches_ahead paces this process's env threads, and "
                               "with Collectors.count > 0 it has none (the collectors feed "
                               "Reverb): leave it None")
-        unrolls = batch_rows // layout.rows_per_env_thread
-        if layout.choice is None and layout.env_threads > ahead * unrolls:
+        if unrolls is not None and layout.env_threads > ahead * unrolls:
             raise ConfigError(
                 f"Schedule.batches_ahead = {ahead} lets {ahead} batches of "
                 f"{unrolls} env threads' unrolls be collected at once, fewer than the "

@@ -253,8 +253,13 @@ def _in_process(root_dir, task, layout, schedule, runtime, agent, stop_event, pr
                                            batch_size=layout.rows_per_env_thread,
                                            seed=runtime.seed)
     serving = isinstance(env_constructor, job.ServingEnvConstructor)
-    close = env_constructor.close if serving else (lambda: None)
     replayer = None
+
+    def close():
+        """Closes what this mode owns: a serving job's server, the replayer's resources."""
+        if serving:
+            env_constructor.close()
+        _close_replayer(replayer)
     try:
         replayer_args = {}
         replayer_class = roles.factory_class(task.replayer_fn)
@@ -286,14 +291,9 @@ def _in_process(root_dir, task, layout, schedule, runtime, agent, stop_event, pr
                                       **layout.driver_args(schedule))
     except BaseException:
         close()
-        _close_replayer(replayer)
         raise
     hooks = [job.ServingAnnouncement(env_constructor, root_dir, print_fn)] if serving else []
-
-    def close_all():
-        close()
-        _close_replayer(replayer)
-    return Collection(driver, replayer, hooks, close_all), chosen
+    return Collection(driver, replayer, hooks, close), chosen
 
 
 def _with_collectors(root_dir, task, layout, schedule, runtime, agent, collectors, print_fn):

@@ -4,8 +4,8 @@
         [--gin_file more.gin] [--gin_param 'Schedule.num_iterations=100'] [--verbose]
     python -m alf_async.bin.train ...   (the same)
 
-`--help` answers without importing TensorFlow and lists the `train.*`
-bindings with their defaults.
+`--help` answers without importing TensorFlow and lists every field of the
+settings groups (`alf_async.settings`) with its default.
 
 Configuration errors end the program before any thread starts, with one
 line on stderr (`alf-async-train: error: ...`) naming the file or binding,
@@ -49,9 +49,8 @@ import sys
 import tempfile
 import threading
 
-from alf_async import kernels
+from alf_async import kernels, quiet
 from alf_async.errors import ConfigError
-from alf_async import quiet
 from alf_async.bin import moved_bindings, train_help
 
 PROG = "alf-async-train"

@@ -224,11 +224,8 @@ def collect(replay_address, stop_event, task=None, layout=None, unroll_length=8,
     with gin.config_scope("collect"):
         task = task or settings.Task()
         layout = layout or settings.Layout()
-    rows_per_batch = rows_per_batch or layout.rows_per_env_thread
-    if rows_per_batch % layout.rows_per_env_thread:
-        raise ValueError(f"collect.rows_per_batch {rows_per_batch} is not a whole number of "
-                         f"env threads' rows (collect/Layout.rows_per_env_thread "
-                         f"{layout.rows_per_env_thread}): make it a multiple")
+    learn_queue_cap = layout.unrolls_per_batch(rows_per_batch or layout.rows_per_env_thread,
+                                               scope="collect/")
     client = wait_for_server(replay_address, connect_deadline_secs, print_fn)
     if sequence_length is None:
         sequence_length = table_sequence_length(client)
@@ -262,7 +259,7 @@ def collect(replay_address, stop_event, task=None, layout=None, unroll_length=8,
                                   batch_size=layout.rows_per_env_thread, seed=seed),
         policy, num_envs=layout.env_threads, num_actor_queues=layout.actor_queues,
         unroll_length=unroll_length, actor_queue_cap=layout.actor_queue_cap,
-        learn_queue_cap=rows_per_batch // layout.rows_per_env_thread,
+        learn_queue_cap=learn_queue_cap,
         exp_observers=[PacedWrite(writers, unroll_length, stop_event, watch,
                                    unconfirmed_unrolls)])
     container = reverb_variable_container.ReverbVariableContainer(
