@@ -77,7 +77,7 @@ def _apply():
     # gives all its hidden layers one unseeded Orthogonal initializer. Its
     # layers' kernels differ in shape, so they differ (correlated draws),
     # and it is tf-agents' published PPO actor as ppo_hopper.gin's runs in
-    # docs/performance.md trained it; ppo_agent's discrete actor uses a fresh initializer
+    # docs/results/learning.md trained it; ppo_agent's discrete actor uses a fresh initializer
     # per kernel (ppo.FreshOrthogonal).
     warnings.filterwarnings("ignore", category=UserWarning,
                             message="The initializer Orthogonal is unseeded and being called "

@@ -112,7 +112,7 @@ class Layout:
     batched environment per env thread); `actor_queues` actor threads batch
     the env threads' requests, each forward pass over up to
     `actor_queue_cap` env threads' (0 actor queues: each env thread acts
-    itself, with no round trip). See docs/performance.md for which layout
+    itself, with no round trip). See docs/guides/choose-layout.md for which layout
     pays where.
 
     Args:
@@ -225,7 +225,7 @@ class Schedule:
         batches_ahead: None: the env threads collect whenever the learn
             queue has room. k >= 1: they begin at most k batches the learner
             has not taken, capping the policy lag at k batches' train steps
-            (`AsyncOffPolicyDriver`'s batches_ahead; docs/training.md).
+            (`AsyncOffPolicyDriver`'s batches_ahead; docs/guides/training-runs.md).
     """
 
     num_iterations: int = None

@@ -19,7 +19,7 @@ run (start-up and evaluations included), the evaluations written and their
 mean length in seconds (the wall time from the snapshot's train step to
 the result, on; the learner's pause, off), the process's CPU cores, and the
 ratio on/off of train steps per second, per round. The figures it measured
-are in docs/performance.md ("Evaluation beside training").
+are in docs/results/learning.md.
 """
 
 import argparse

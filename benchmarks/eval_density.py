@@ -13,7 +13,7 @@ min, runs with >= 20) and the share of the run spent evaluating.
 
     python benchmarks/eval_density.py --seeds $(seq 1 30) --intervals 64 24 [--cap 120]
 
-docs/performance.md ("Time to solve") has what it measured.
+docs/results/learning.md has what it measured.
 """
 
 import argparse

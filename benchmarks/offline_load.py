@@ -5,7 +5,7 @@ Writes --steps logged steps of CartPole-shaped episodes (observation float32
 short) with EpisodeLogWriter to a temporary file, then loads them with
 `alf_async.environments.external.offline.load_into_replayer` into a UniformReplayer
 of --rows rows, --repeats times, and prints logged steps per second of each
-load (the first includes tracing the replayer's write). docs/performance.md
+load (the first includes tracing the replayer's write). docs/results/collection.md
 has the current figures.
 
     python benchmarks/offline_load.py [--steps 100000] [--rows 4] [--repeats 3]

@@ -11,7 +11,7 @@ At the end it sends SIGINT (the CLI stops, writes a checkpoint and exits),
 checks that the exit is clean and no descendant is left, prints the table and
 flags growth between the first sample after warm-up and the last one.
 
-    python benchmarks/soak.py --minutes 30 --sample_secs 60   # the figure in docs/reliability.md
+    python benchmarks/soak.py --minutes 30 --sample_secs 60   # the figure in docs/results/reliability.md
     python benchmarks/soak.py --minutes 4 --sample_secs 30    # what fits in a short slot
 
 With `--http_clients N` (default 4) a second DQN learner runs beside it,

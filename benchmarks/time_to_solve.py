@@ -43,7 +43,7 @@ luck of which evaluation each side happened to solve at. Per side it prints
 the median train steps to solve and seconds per 1,000 train steps of the
 runs that solved: whether a side needs more updates or slower ones.
 
-docs/performance.md ("Time to solve") has the current figures and their
+docs/results/learning.md renders the current figures and their
 commands; benchmarks/results/HISTORY.md when and at which commit each was
 measured.
 """

@@ -100,15 +100,15 @@ def test_every_moved_binding_names_a_real_one():
 
 @pytest.mark.parametrize("binding, line", [
     ("train.num_envs = 2", "train.num_envs moved: bind Layout.env_threads instead "
-                           "(docs/training.md lists every setting)"),
+                           "(docs/guides/training-runs.md lists every setting)"),
     ("train.learn_queue_cap = 2",
      "train.learn_queue_cap moved: bind Schedule.rows_per_batch instead (rows, not env "
-     "threads' unrolls: learn_queue_cap x rows_per_env_thread) (docs/training.md lists "
+     "threads' unrolls: learn_queue_cap x rows_per_env_thread) (docs/guides/training-runs.md lists "
      "every setting)"),
     ("train.async_eval = True", "train.async_eval moved: bind Evaluation.in_background "
-                                "instead (docs/training.md lists every setting)"),
+                                "instead (docs/guides/training-runs.md lists every setting)"),
     ("collect.num_envs = 2", "collect.num_envs moved: bind collect/Layout.env_threads "
-                             "instead (docs/distributed.md lists every setting)"),
+                             "instead (docs/guides/many-machines.md lists every setting)"),
 ])
 def test_a_moved_binding_names_its_new_binding(tmp_path, binding, line):
     assert_one_error_line(

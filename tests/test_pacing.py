@@ -181,7 +181,7 @@ def test_train_refuses_a_pacing_that_leaves_an_env_thread_idle(tmp_path):
 @pytest.mark.parametrize("gin_file", ["ppo_pong.gin", "ppo_breakout.gin"])
 def test_the_atari_ppo_files_act_in_one_paced_env_thread_on_ppo2s_batches(gin_file):
     """One env thread stepping one lockstep pool of 8 games, acting itself
-    and paced one batch ahead (performance.md, "Pong"), on ppo2's batches
+    and paced one batch ahead (docs/agents/ppo.md), on ppo2's batches
     of 8 games x 128 steps."""
     import alf_async.trainer  # noqa: F401  (registers train)  pylint: disable=import-outside-toplevel
     gin_configs = os.path.join(REPO, "gin_configs")

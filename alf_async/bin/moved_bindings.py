@@ -80,6 +80,6 @@ def moved_binding_error(text):
     old = f"{match.group(1)}.{match.group(2)}" if match else None
     if old not in MOVED_BINDINGS:
         return None
-    page = "distributed.md" if old.startswith("collect.") else "training.md"
+    page = "many-machines.md" if old.startswith("collect.") else "training-runs.md"
     return (f"{old} moved: bind {MOVED_BINDINGS[old]} instead{_MOVED_NOTES.get(old, '')} "
-            f"(docs/{page} lists every setting)")
+            f"(docs/guides/{page} lists every setting)")

@@ -132,7 +132,7 @@ def exposure_line(port, remote):
              "interfaces: firewall the port")
     return (f"[alf_async] the learner's Reverb port {port} is open on every interface with "
             f"no authentication (anyone who reaches it can insert experience, read the "
-            f"policy's variables or drain the tables); {reach} (docs/distributed.md, "
+            f"policy's variables or drain the tables); {reach} (docs/guides/many-machines.md, "
             f"'Across a network')")
 
 

@@ -39,7 +39,7 @@ if it gives any batch size.
 
 # The driver's CPU cost of one env thread's request (its numpy_function,
 # queue round trip, routing) and of each row in it, fitted on the
-# collection benchmarks (docs/performance.md, "Where the time goes"), and a
+# collection benchmarks (docs/results/collection.md and its results files), and a
 # child process's pickling and pipe cost per step (latency_bound.py
 # --processes). They scale the model's terms against each other; the
 # measurement decides.

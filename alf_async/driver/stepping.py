@@ -161,7 +161,7 @@ def warn_if_few_inter_op_threads(steppings, num_actor_queues):
     release the GIL take no token and may hold one each too, but count as
     one here: they end by themselves within a step of the pool.
     BlockingStep environments step off the pool. More threads than these
-    steps and the actor threads are not asked for (docs/performance.md and
+    steps and the actor threads are not asked for (docs/results/collection.md and
     benchmarks/results/HISTORY.md have the runs), so the hint shows only
     where the pool is smaller, e.g. `Runtime.inter_op_threads = 1`. The pool
     is sized by `tf.config.threading.set_inter_op_parallelism_threads(n)`,

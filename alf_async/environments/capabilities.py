@@ -77,7 +77,7 @@ class _DeclaredBlocking(abc.ABCMeta):
     for an environment that declares `blocking_step = True` (on itself, its
     class, or, through tf-agents' wrappers' attribute forwarding, the
     environment it wraps): the documented opt-in of an environment that
-    cannot subclass BlockingStep (docs/environments.md, "Blocking steps")."""
+    cannot subclass BlockingStep (docs/guides/environments.md, "Blocking steps")."""
 
     def __instancecheck__(cls, instance):
         if super().__instancecheck__(instance):

@@ -13,7 +13,7 @@ makes them small. Stable-Baselines3 ships the same change for PyTorch
 
 `FusedAdam` is Keras' `Adam` updating each variable with TensorFlow's fused
 `ApplyAdam` kernel: the same arithmetic in one op per variable (PPO's and
-IMPALA's default; `docs/performance.md`).
+IMPALA's default; `docs/results/collection.md`).
 """
 
 import gin

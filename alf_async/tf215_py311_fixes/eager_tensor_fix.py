@@ -6,7 +6,7 @@ array CPython 3.11 allocates for it). A driver makes some per batch and per
 unroll; a blocking environment's Python loop makes several per step; the
 trainer makes some per train step, so a run's memory grows for as long
 as it lasts (benchmarks/memory.py and benchmarks/soak.py measure it;
-docs/reliability.md, "Memory"). The pinned stack (setup.py) cannot move to
+docs/results/reliability.md, "Memory"). The pinned stack (setup.py) cannot move to
 a fixed TF, so
 alf_async frees the block itself: `_eager_tensor_fix`, a small C extension
 built at install time, wraps EagerTensor's deallocator.

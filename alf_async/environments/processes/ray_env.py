@@ -6,7 +6,7 @@ returns a `TFPyEnvironment` over a `RayBatchedEnv`, whose sub-environments live 
 actors of `envs_per_actor` environments each. One step is one remote call
 per actor for its whole batch (a remote call costs far more than a cheap
 environment step, so one per environment step would be the bottleneck;
-docs/environments.md, "Ray"); the actors of one env are called
+docs/guides/environments.md, "Ray"); the actors of one env are called
 all at once and awaited together.
 
 - `address=None` starts a local Ray (`ray.init(num_cpus=..., include_dashboard=
