@@ -262,17 +262,22 @@ def check(page, results_dir=result_rows.RESULTS_DIR):
 
 
 def catalog(results_dir=result_rows.RESULTS_DIR):
-    """Adds to catalog.json every results file it lacks, with the date and
-    commit of the git commit that last changed it; returns the names added."""
+    """Adds to catalog.json every committed results file it lacks, with the
+    date and commit of the git commit that last changed it (its command and
+    host are filled by hand, from HISTORY.md, where the file lacks them);
+    returns the names added."""
     path = pathlib.Path(results_dir) / result_rows.CATALOG
     data = json.loads(path.read_text()) if path.exists() else {"files": {}}
     added = []
     for file in sorted(pathlib.Path(results_dir).iterdir()):
-        if file.name in data["files"] or file.suffix not in (".json", ".txt", ".patch"):
+        if (file.name in data["files"] or file.name == result_rows.CATALOG
+                or file.suffix not in (".json", ".txt", ".patch")):
             continue
-        date, commit = subprocess.run(
-            ["git", "log", "-1", "--format=%as %h", "--", str(file)], cwd=REPO,
-            capture_output=True, text=True, check=True).stdout.split() or ("", "")
+        logged = subprocess.run(["git", "log", "-1", "--format=%as %h", "--", str(file)],
+                                cwd=REPO, capture_output=True, text=True, check=True).stdout
+        if not logged.strip():      # not committed yet: its commit will date it
+            continue
+        date, commit = logged.split()
         data["files"][file.name] = dict(date=date, commit=commit, command="", host="")
         added.append(file.name)
     data["files"] = dict(sorted(data["files"].items()))

@@ -120,14 +120,35 @@ def _plain(value):
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def clean_command(command):
+def clean_command(command, name=""):
     """A recorded command line as a user types it from the checkout: the
-    script as `python benchmarks/x.py` wherever the recording ran it from."""
+    script as `python benchmarks/x.py` wherever the recording ran it from,
+    gin files under gin_configs/, a child run's `--one SIDE --seed N` as
+    `--sides SIDE --seeds N`, no scratch `--root_dir`, and `--json` as the
+    results file `name` (when given)."""
     command = command.strip()
     match = re.match(r"^(?:python3? )?(?:\S*/)?(benchmarks/)?(\w+\.py)\b", command)
     if match is None:
         return command
-    return f"python benchmarks/{match.group(2)}{command[match.end():]}"
+    rest = command[match.end():]
+    rest = re.sub(r"(?<=\s)\S*/gin_configs/", "gin_configs/", rest)
+    rest = re.sub(r"--one (\S+) --seed (\d+)", r"--sides \1 --seeds \2", rest)
+    rest = re.sub(r" --root_dir \S+", "", rest)
+    rest = re.sub(r" --gin_bindings\s*$", "", rest)
+    if name:
+        rest = re.sub(r"--json \S+", f"--json benchmarks/results/{name}", rest)
+    return f"python benchmarks/{match.group(2)}{rest}"
+
+
+def merge_commands(commands):
+    """One command for runs that differ only in their `--sides` and
+    `--seeds` (written SIDE and N), else the distinct commands joined by ' ; '."""
+    commands = list(dict.fromkeys(c for c in commands if c))
+    if len(commands) < 2:
+        return commands[0] if commands else ""
+    general = [re.sub(r"--seeds (\d+ ?)+", "--seeds N ", re.sub(r"--sides \S+", "--sides SIDE", c))
+               .replace("  ", " ").strip() for c in commands]
+    return " ; ".join(dict.fromkeys(general))
 
 
 def file_meta(name, results_dir=RESULTS_DIR):
@@ -153,7 +174,7 @@ def file_meta(name, results_dir=RESULTS_DIR):
                 if isinstance(data.get(key), str):
                     own[key] = data[key]
             if isinstance(data.get("command"), str):
-                own["command"] = clean_command(data["command"])
+                own["command"] = clean_command(data["command"], name)
             elif isinstance(data.get("args"), dict):
                 script = next((s for prefix, s in ARGS_SCRIPTS if name.startswith(prefix)), None)
                 if script:
@@ -177,13 +198,17 @@ def file_meta(name, results_dir=RESULTS_DIR):
 
 def meta_of(files, results_dir=RESULTS_DIR):
     """One host, date and command for a row backed by several `files`: the
-    hosts and commands joined where they differ, the latest date."""
+    hosts joined where they differ, the latest date, the commands merged
+    (`merge_commands`).
+
+    Returns:
+        dict with keys host, date, command (Row's fields of those names).
+    """
     metas = [file_meta(f, results_dir) for f in files]
     hosts = sorted({m["host"] for m in metas if m["host"]})
-    commands = list(dict.fromkeys(m["command"] for m in metas if m["command"]))
     dates = [m["date"] for m in metas if m["date"]]
     return dict(host=" / ".join(hosts), date=max(dates) if dates else "",
-                command=" ; ".join(commands))
+                command=merge_commands(m["command"] for m in metas))
 
 
 def load_json(name, results_dir=RESULTS_DIR):
