@@ -96,18 +96,28 @@ def kernel_choice_medians(name, results_dir):
     return out
 
 
+def kernel_choice_rounds(name, results_dir, field):
+    """{gin file name: [oneDNN on / off of `field` per round]} of a kernel_choice.py JSON."""
+    return {gin_file.rsplit("/", 1)[-1]: [on[field] / off[field] for off, on in
+                                          zip(by_setting["0"], by_setting["1"])]
+            for gin_file, by_setting in load_json(name, results_dir)["results"].items()}
+
+
 def _kernel_choice_pong(results_dir):
     parts = kernel_choice_medians("kernel_choice_avx2.json", results_dir)["ppo_pong.gin"]
     whole = kernel_choice_medians("kernel_choice_avx2_ppo_pong_whole.json",
                                   results_dir)["ppo_pong.gin"]
     (learner_off, learner_on), (off, on) = parts["learner"], whole["env_steps_per_sec"]
+    rounds = kernel_choice_rounds("kernel_choice_avx2_ppo_pong_whole.json", results_dir,
+                                  "env_steps_per_sec")["ppo_pong.gin"]
     return _row(
         results_dir, "host_kinds.kernel_choice_ppo_pong",
         "PPO Pong-v5 (`ppo_pong.gin`) on the AVX2 kind (emulated): oneDNN on, as alf_async's "
         "kernel choice sets it, against TensorFlow's default there (oneDNN off), alternating "
         "rounds",
         f"learner {_ms(learner_on)} of CPU an env step ({ratio(learner_off / learner_on)} less); "
-        f"the whole run {count(on)} env steps/s ({ratio(on / off)})",
+        f"the whole run {count(on)} env steps/s ({ratio(on / off)}; rounds "
+        f"{', '.join(ratio(r) for r in rounds)})",
         f"TensorFlow's default: learner {_ms(learner_off)}; {count(off)} env steps/s",
         ["kernel_choice_avx2.json", "kernel_choice_avx2_ppo_pong_whole.json"])
 
@@ -138,21 +148,25 @@ def _learner_floor(results_dir):
         "", ["learner_ops_host_kinds.json"])
 
 
+STEP_PARTS = ("env stepping", "actor inference", "learner", "driver (the rest)")
+
+
 def _step_breakdown(results_dir, key, name, kind):
     ours, theirs = load_json(name, results_dir)
     floors = lambda r: sum(r["floors"]["ms"].values())
+    parts = lambda r: ", ".join(f"{part} {r['alone_ms'][part]:.2f}" for part in STEP_PARTS)
+    learner = ours["alone_ms"]["learner"] / ours["floors"]["ms"]["learner"]
     return _row(
         results_dir, key,
         f"Where an env step's CPU goes: `ppo_pong.gin` with its earlier layout (two env "
-        f"threads of 4, an actor thread) on {kind}, the whole run against the sum of its "
-        f"parts' floors, and the learner alone against its floor",
+        f"threads of 4, an actor thread) on {kind}: the whole run against the sum of its "
+        f"parts' floors, each part timed alone (ms), the learner against its floor",
         f"{_ms(ours['whole_ms'])} an env step, {ratio(ours['whole_ms'] / floors(ours))} the "
-        f"floors; learner {_ms(ours['alone_ms']['learner'])}, "
-        f"{ratio(ours['alone_ms']['learner'] / ours['floors']['ms']['learner'])} its floor; "
+        f"floors ({parts(ours)}); learner {ratio(learner)} its floor; "
         f"{count(ours['env_steps_per_sec'])} env steps/s on {ours['cores']:.2f} cores",
-        f"tf-agents' synchronous loop: {_ms(theirs['whole_ms'])}, learner "
-        f"{_ms(theirs['alone_ms']['learner'])}; {count(theirs['env_steps_per_sec'])} env "
-        f"steps/s on {theirs['cores']:.2f} cores", [name])
+        f"tf-agents' synchronous loop: {_ms(theirs['whole_ms'])} ({parts(theirs)}); "
+        f"{count(theirs['env_steps_per_sec'])} env steps/s on {theirs['cores']:.2f} cores",
+        [name])
 
 
 def host_kinds(results_dir):

@@ -317,6 +317,24 @@ def _envpool_rows(results_dir):
         ["atari_throughput_envpool_rows.txt"])
 
 
+ROW_WORKER_COLUMNS = ("cpu_us", "runq_us", "voluntary_cs", "involuntary_cs")
+
+
+def _row_workers(results_dir):
+    name = "latency_bound_48_lognormal_row_workers.txt"
+    _, settings = latency_bound(name, results_dir)
+    table = console_table(read_text(name, results_dir), "row workers' time", ROW_WORKER_COLUMNS)
+    cell = lambda r: (f"{_us(r['cpu_us'])} of CPU, {_us(r['runq_us'])} waiting for a core, "
+                      f"{r['voluntary_cs']:.2f} voluntary and {r['involuntary_cs']:.2f} "
+                      f"involuntary context switches")
+    return _row(
+        results_dir, "not_paying.row_workers",
+        f"What an env step costs the thread that steps its row when one batched reply wakes "
+        f"many at once: {settings}, one env thread of 48 rows with an actor, per env step",
+        cell(table["alf_async 1x48"]),
+        f"the ceiling's threads, woken one at a time, no TF: {cell(table['ceiling'])}", [name])
+
+
 def _cartpole64_threads(results_dir):
     table = _throughput(results_dir)
     sides = [n for n in table if n.startswith("alf_async") and n.endswith(" BatchedGymEnv")
@@ -345,7 +363,8 @@ def _ppo_pong_avx2(results_dir):
         f"{count(paced['env_steps_per_sec'])} env steps/s, "
         f"{ratio(paced['env_steps_per_sec'] / sync_rate)}, at "
         f"{ratio(paced['whole_ms'] / statistics.median(r['whole_ms'] for r in sync))} its CPU "
-        f"per env step",
+        f"per env step (the earlier layout, two env threads of 4 with an actor: "
+        f"{count(by_run['two_env_threads']['env_steps_per_sec'])} env steps/s)",
         f"tf-agents' synchronous loop: {' / '.join(count(r['env_steps_per_sec']) for r in sync)}"
         f" env steps/s", [name])
 
@@ -355,6 +374,7 @@ def not_paying(results_dir):
     return [
         _rows_one_by_one(results_dir),
         _child_process_cpu(results_dir),
+        _row_workers(results_dir),
         _own_cpu_batched(results_dir, "not_paying.own_cpu_batched", "driver_cost.json", ""),
         _own_cpu_batched(results_dir, "not_paying.own_cpu_batched_epyc",
                          "driver_cost_graph_envpool_epyc.json", " (another host)"),

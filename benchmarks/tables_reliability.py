@@ -123,6 +123,10 @@ def network_faults(results_dir):
     for r in load_json("network_faults.json", results_dir)["rows"]:
         during = "-" if r["during"] is None else f"{r['during']:.0f}"
         lost = sum(gap[0] for gap in r["missing"].values())
+        back = f"collector0 sending again after {r['back']['collector0']:.1f} s"
+        if r.get("listening_after_kill") is not None:
+            back = (f"the resumed learner listening {r['listening_after_kill']:.1f} s after the "
+                    f"kill, {back}")
         gaps = (f"{count(lost)} steps in {len(r['missing'])} gaps (one per row, written after "
                 f"the last checkpoint)" if r["missing"] else "0 steps lost")
         rows.append(_row(
@@ -132,7 +136,7 @@ def network_faults(results_dir):
             + ("" if r["fault"] == "learner_kill" else f" for {r['fault_secs']:g} s")
             + "; after the run every item of the learner's replay checkpoint is audited",
             f"train steps/s {r['before']:.0f} / {during} / {r['after']:.0f} before / during / "
-            f"after; collector0 sending again after {r['back']['collector0']:.1f} s; "
+            f"after; {back}; "
             f"{count(r['items'])} items audited, {r['spliced']} spliced, {gaps}; exit "
             f"{r['exit']['learner']}, collectors {r['exit']['collectors']}",
             "", ["network_faults.json"]))
