@@ -158,11 +158,11 @@ def _latency_row(results_dir, key, name, lead, base_name, base_label):
     table, settings = latency_bound(name, results_dir)
     layouts = [n for n in table if n.startswith("alf_async")]
     best = max(layouts, key=lambda n: table[n]["ratio"])
-    others = "".join(f"; {n[len('alf_async '):]} {ratio(table[n]['ratio'])}"
-                     for n in layouts if n != best)
+    label = lambda n: n[len("alf_async "):].replace(":0", " acting itself")
+    others = "".join(f"; {label(n)} {ratio(table[n]['ratio'])}" for n in layouts if n != best)
     return _row(
         results_dir, key, f"{lead}: {settings}, the DQN collect policy, against {base_name}",
-        f"{best[len('alf_async '):]}: {rate(table[best]['rate'])}, {ratio(table[best]['ratio'])}"
+        f"{label(best)}: {rate(table[best]['rate'])}, {ratio(table[best]['ratio'])}"
         f"{others}; {table[best]['of_ceiling']:.0%} of the no-TF ceiling",
         f"{base_label}: {rate(table['lockstep']['rate'])}", [name],
         short=f"Collection from {settings}")

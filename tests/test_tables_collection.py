@@ -113,7 +113,7 @@ def test_collection_rows_read_the_scripts_console_tables_and_json():
     assert ("| 73,525 steps/s, 1.09x; with an actor thread 0.91x; through tf-agents' "
             "`suite_gym` stack, 2 x 32: 1.01x | `DynamicStepDriver`: 65,129 steps/s |") in cartpoles
     lognormal = _row("collection", "Environments that wait briefly")
-    assert ("| 1x48: 8,943 steps/s, 1.61x; 1x48:0 1.59x; 2x24 1.42x; 53% of the no-TF "
+    assert ("| 1x48: 8,943 steps/s, 1.61x; 1x48 acting itself 1.59x; 2x24 1.42x; 53% of the no-TF "
             "ceiling |") in lognormal
     pong = _row("collection", "PPO Pong-v5 while training",
                 file="step_breakdown_ppo_pong_paced.json")
