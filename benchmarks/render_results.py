@@ -12,7 +12,8 @@ A page places a block by writing its two markers with nothing between them:
     <!-- /rendered: NAME -->
 
 NAME is a table (`TABLES` of tables_learning.py and tables_collection.py,
-and `headline`: the README's short rows, picked by key from the others), a
+and `headline`: the README's short rows, picked by key from the others,
+each its `short` question and both sides' figures up to their first ';'), a
 picture list (`pictures:...`) or `transcript:NAME` (docs/transcripts/NAME.txt
 in a code block). What is between the markers is written here, never by hand.
 
@@ -23,6 +24,7 @@ code spans.
 """
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -92,8 +94,9 @@ def _files_cell(page, files, results_dir):
                      for name in files)
 
 
+@functools.lru_cache(maxsize=None)
 def table_rows(name, results_dir):
-    """The rows of table `name` from `results_dir`.
+    """The rows of table `name` from `results_dir` (read once a run).
 
     Raises:
         RenderError: a file a row reads is missing, or a row names one that is.
@@ -103,6 +106,8 @@ def table_rows(name, results_dir):
     except FileNotFoundError as error:
         raise RenderError(f"table {name}: results file missing: "
                           f"{pathlib.Path(error.filename).name}") from None
+    except (KeyError, ValueError) as error:   # a file without what the table reads
+        raise RenderError(f"table {name}: {error}") from None
     for row in rows:
         missing = [f for f in row.files if not (pathlib.Path(results_dir) / f).exists()]
         if missing or not row.files:
@@ -137,6 +142,11 @@ def _home_of(key, repo=REPO):
     return holders[0]
 
 
+def _first_clause(text):
+    """A figure cell's headline form: up to its first ';'."""
+    return text.split(";", 1)[0].strip()
+
+
 def _headline(page, results_dir):
     rows = {}
     for name in sorted({key.split(".")[0] for key in HEADLINE_KEYS}):
@@ -146,7 +156,7 @@ def _headline(page, results_dir):
         if key not in rows:
             raise RenderError(f"headline row {key}: no table gives it")
         row = rows[key]
-        cells = [row.short or row.what, row.ours, row.theirs,
+        cells = [row.short or row.what, _first_clause(row.ours), _first_clause(row.theirs),
                  f"[results]({_link(page, _home_of(key))})"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
@@ -255,7 +265,7 @@ def check(page, results_dir=result_rows.RESULTS_DIR):
         lines.append(f"{shown}:{changed + 1}: a rendered block differs from what the files give "
                      "(run python benchmarks/render_results.py)")
     for number, figure, line in figures.outside_blocks(text):
-        lines.append(f"{shown}:{number}: {figure}: {line.strip()}")
+        lines.append(f"{shown}:{number}: figure {figure}: {line.strip()}")
     for number, image in figures.images_outside_blocks(text):
         lines.append(f"{shown}:{number}: image outside a rendered picture block: {image}")
     return lines

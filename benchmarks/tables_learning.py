@@ -103,9 +103,9 @@ def _solve_row(key, what, short, name, results_dir, heading=None):
     medians, ratio_of_medians = solve_times(read_text(name, results_dir), heading)
     ours, theirs = medians["async"], next(v for k, v in medians.items() if k != "async")
     return _row(key, what,
-                f"{secs(ours[0])}, median of {ours[1]} runs ({ratio(ratio_of_medians)} the "
-                f"synchronous loop's time), {ours[2]} unsolved",
-                f"tf-agents' synchronous loop: {secs(theirs[0])}, {theirs[2]} unsolved",
+                f"{secs(ours[0])}, {ratio(ratio_of_medians)} the synchronous loop's time; "
+                f"median of {ours[1]} runs, {ours[2]} unsolved",
+                f"tf-agents' synchronous loop: {secs(theirs[0])}; {theirs[2]} unsolved",
                 (name,), results_dir, short=short)
 
 
@@ -165,7 +165,7 @@ def dqn(results_dir):
     return [_solve_row(
         "dqn.cartpole_time_to_solve",
         "DQN CartPole-v0 (`dqn_cartpole.gin`), seconds of training to the first evaluation "
-        "at 195, seeds 1-8", "DQN solves CartPole-v0 (seconds of training, seeds 1-8)",
+        "at 195, seeds 1-8", "DQN CartPole-v0, seconds of training to solve",
         "time_to_solve_dqn_cartpole.txt", results_dir), dqn_breakout(results_dir)]
 
 
@@ -193,8 +193,7 @@ def ppo_pong_hour(results_dir):
                 "15 / 30 / 45 / 60 minutes, and median time to +18",
                 cells["alf_async"], f"tf-agents' synchronous loop: {cells['tf_agents']}",
                 files, results_dir, _from_json("Pong-v5-ppo", 60, "15 30 45 60", pattern),
-                short="PPO Pong-v5, an hour of training (seeds 0-2): median score at "
-                      "15 / 30 / 45 / 60 min")
+                short="PPO Pong-v5, median score at 15 / 30 / 45 / 60 minutes of training")
 
 
 def ppo_breakout_hour(results_dir):
@@ -216,8 +215,8 @@ def ppo_breakout_hour(results_dir):
                 f"tf-agents' synchronous loop: "
                 f"{_quarters(_scores_at(records, 'tf_agents', marks, _training))}{late}",
                 files, results_dir, _from_json("Breakout-v5-ppo", 60, "15 30 45 60", pattern),
-                short="PPO Breakout-v5, an hour of training (seeds 0-2): median training "
-                      "score at 15 / 30 / 45 / 60 min")
+                short="PPO Breakout-v5, median training score at 15 / 30 / 45 / 60 minutes "
+                      "of training")
 
 
 def ppo_hopper(results_dir):
@@ -324,7 +323,7 @@ def ppo(results_dir):
     return [_solve_row("ppo.cartpole_time_to_solve",
                        "PPO CartPole-v0 (`ppo_cartpole.gin`), seconds of training to the first "
                        "evaluation at 195, seeds 1-16",
-                       "PPO solves CartPole-v0 (seconds of training, seeds 1-16)",
+                       "PPO CartPole-v0, seconds of training to solve",
                        "time_to_solve_ppo_cartpole_one_env_thread.txt", results_dir,
                        "## run 8: the file (one env thread of 16), seeds 1-16"),
             ppo_pong_hour(results_dir), ppo_pong_per_frame(results_dir),
