@@ -4,9 +4,10 @@
   docs/**/*.md, every `from alf_async... import ...` in their code blocks,
   and every `::: alf_async...` API-reference directive resolves: its module
   imports and each further part is an attribute (private names skipped);
-- README.md stays short (under 200 lines), still shows the test command
+- README.md stays short (under 120 lines), still shows the test command
   .ci/run greps for, and its relative links point at files that exist;
-- no page names the project's internal history ("session 5", "issue 14").
+- no page names the project's internal history ("session 5", "issue 14");
+- every docs page is in mkdocs.yml's nav, however deep its section.
 
 It reads the Markdown itself and does not need mkdocs (`.ci/run` builds the
 site with `mkdocs build --strict`, which checks the links between pages).
@@ -18,6 +19,8 @@ import os
 import re
 
 import pytest
+
+pytestmark = pytest.mark.timeout(120)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
@@ -31,6 +34,9 @@ IMPORT = re.compile(r"^\s*import\s+(alf_async(?:\.\w+)*)", re.M)
 DIRECTIVE = re.compile(r"^:::\s+(alf_async(?:\.\w+)*)\s*$", re.M)
 HISTORY = re.compile(r"\b(session|issue) \d+", re.I)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+README_MAX_LINES = 120
+# A nav entry's page: `- Title: path.md` or `- path.md`, at any depth.
+NAV_PAGE = re.compile(r"^\s*-\s+(?:[^:\n]+:\s+)?(\S+\.md)\s*$", re.M)
 
 
 def _pages():
@@ -107,7 +113,8 @@ def test_every_documented_name_exists():
 
 def test_readme_is_short():
     lines = _read(os.path.join(REPO, "README.md")).splitlines()
-    assert len(lines) < 200, f"README.md has {len(lines)} lines; the details belong in docs/"
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (under {README_MAX_LINES}); the details belong in docs/")
 
 
 def test_readme_shows_the_ci_test_command():
@@ -136,12 +143,24 @@ def test_no_internal_history(page):
     assert not hits, f"{os.path.relpath(page, REPO)} names internal history: {hits}"
 
 
+def _nav_pages(config):
+    """The pages mkdocs.yml's `nav:` lists, at every depth."""
+    nav = re.search(r"^nav:\n((?:[ \t]+.*\n|\n)*)", config, re.M)
+    return set(NAV_PAGE.findall(nav.group(1))) if nav else set()
+
+
+def test_nav_pages_reads_nested_sections():
+    config = ("site_name: x\nnav:\n  - Home: index.md\n  - Guides:\n      - A: guides/a.md\n"
+              "      - Deeper:\n          - guides/deep/b.md\n\nplugins:\n  - x.md\n")
+    assert _nav_pages(config) == {"index.md", "guides/a.md", "guides/deep/b.md"}
+
+
 def test_mkdocs_nav_lists_every_page():
-    """Every page under docs/ is in mkdocs.yml's nav (mkdocs --strict would
-    only warn about an omitted page if validation says so)."""
-    config = _read(os.path.join(REPO, "mkdocs.yml"))
-    for root, _, files in os.walk(DOCS):
-        for f in files:
-            if f.endswith(".md"):
-                rel = os.path.relpath(os.path.join(root, f), DOCS)
-                assert f" {rel}" in config, f"docs/{rel} is not in mkdocs.yml's nav"
+    """Every page under docs/ is in mkdocs.yml's nav, and every nav entry
+    is a page (mkdocs --strict would only warn about an omitted page if
+    validation says so)."""
+    listed = _nav_pages(_read(os.path.join(REPO, "mkdocs.yml")))
+    pages = {os.path.relpath(os.path.join(root, f), DOCS).replace(os.sep, "/")
+             for root, _, files in os.walk(DOCS) for f in files if f.endswith(".md")}
+    assert sorted(pages - listed) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(listed - pages) == [], "nav entries with no page under docs/"
