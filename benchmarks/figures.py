@@ -39,7 +39,8 @@ PATTERNS = (
     re.compile(r"(?<![\w.+\-−/])(?<!kill )[+\-−]\d+(?:\.\d+)?(?![\w.]|\.\d)"),  # signed score
 )
 SIGNED = PATTERNS[-1]
-DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?!\d|\.\d)(?:\s?(?:ms|us|µs|s|min|h|[KMG]i?B)\b|[A-Za-z]*)")
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?!\d|\.\d)"
+                     r"(?:\s?(?:ms|us|µs|s|min|h|[KMG]i?B)\b|[A-Za-z]*)")
 # Stretches of a line that are not prose: code spans, images, link targets,
 # URLs, HTML tags and headings' attribute lists.
 NOT_PROSE = (re.compile(r"(`+)(?:(?!\1).)+?\1"), re.compile(r"!\[[^\]]*\]\([^)]*\)"),

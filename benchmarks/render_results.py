@@ -34,19 +34,14 @@ import sys
 
 import figures
 import result_rows
+import tables_collection
 import tables_learning
-
-try:   # helper A2's tables; until they land the renderer runs with the learning ones
-    import tables_collection
-    _COLLECTION = tables_collection.TABLES
-except ImportError:
-    _COLLECTION = {}
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 TRANSCRIPTS = DOCS / "transcripts"
 IMAGES = DOCS / "images"
-TABLES = {**tables_learning.TABLES, **_COLLECTION}
+TABLES = {**tables_learning.TABLES, **tables_collection.TABLES}
 PICTURES = tables_learning.PICTURES
 NO_FILE_YET = tables_learning.NO_FILE_YET
 HEADLINE_KEYS = ("dqn.cartpole_time_to_solve", "ppo.cartpole_time_to_solve", "ppo.pong_hour",

@@ -15,7 +15,8 @@ import os
 import re
 import statistics
 
-from result_rows import Row, frames, load_json, meta_of, ratio, read_text, score, secs
+from result_rows import Row, count, frames, load_json, meta_of, ratio, read_text, score, secs
+from result_rows import rate as rate_of
 
 from alf_async.testing.bench import curves
 from alf_async.testing.bench.curves import FRAMES_PER_STEP, median_steps, recent_mean, run_curve
@@ -74,7 +75,8 @@ def solve_times(text, heading=None):
                for side, median, runs, unsolved in _MEDIAN.findall(text)}
     found = _RATIO.search(text)
     if len(medians) < 2 or found is None:
-        raise ValueError(f"no complete time_to_solve summary{' under ' + heading if heading else ''}")
+        where = f" under {heading}" if heading else ""
+        raise ValueError(f"no complete time_to_solve summary{where}")
     return medians, float(found.group(1))
 
 
@@ -93,10 +95,6 @@ def _row(key, what, ours, theirs, files, results_dir, command=None, short=""):
         meta["command"] = command
     return Row(key=key, what=what, ours=ours, theirs=theirs, files=tuple(files), short=short,
                **meta)
-
-
-def _median(values):
-    return statistics.median(values)
 
 
 def _solve_row(key, what, short, name, results_dir, heading=None):
@@ -129,9 +127,20 @@ def _from_json(task, minutes, report_minutes, pattern):
             f"--report_minutes {report_minutes} --from_json benchmarks/results/{pattern}")
 
 
+def _rates(rate):
+    """alf_async's env steps/s and its ratio to the synchronous loop's."""
+    return (f"{rate_of(rate['alf_async'], 'env steps/s')}, "
+            f"{ratio(rate['alf_async'] / rate['tf_agents'])}")
+
+
+def _by_side(records, read):
+    """{side: the median over its runs of `read(run)`}."""
+    return {side: statistics.median([read(r) for r in runs_of(records, side)]) for side in SIDES}
+
+
 def _scores_at(records, side, minutes, read):
     """The median over `side`'s runs of `read(run, seconds)` at each of `minutes`."""
-    return [_median([read(r, m * 60) for r in runs_of(records, side)]) for m in minutes]
+    return [statistics.median([read(r, m * 60) for r in runs_of(records, side)]) for m in minutes]
 
 
 def _greedy(record, seconds):
@@ -147,17 +156,18 @@ def _minutes(seconds):
 
 
 def dqn_breakout(results_dir):
-    files, records = _wall_clock(results_dir, "wall_clock_Breakout-v5_seed?_30min.json")
-    steps = {side: _median([r["train_steps"] for r in runs_of(records, side)]) for side in SIDES}
+    pattern = "wall_clock_Breakout-v5_seed?_30min.json"
+    files, records = _wall_clock(results_dir, pattern)
+    steps = _by_side(records, lambda r: r["train_steps"])
     final = {side: _scores_at(records, side, [30], _greedy)[0] for side in SIDES}
     return _row("dqn.breakout_30min",
                 "DQN Breakout-v5 (`dqn_breakout.gin`), 30 minutes of training, seeds 0-2: "
                 "train steps made, and the game score at the end (median)",
-                f"{steps['alf_async']:,.0f} train steps ({ratio(steps['alf_async'] / steps['tf_agents'])} "
-                f"the synchronous loop's), score {final['alf_async']:.1f}",
-                f"tf-agents' synchronous loop: {steps['tf_agents']:,.0f} train steps, "
+                f"{count(steps['alf_async'])} train steps, "
+                f"{ratio(steps['alf_async'] / steps['tf_agents'])}; score {final['alf_async']:.1f}",
+                f"tf-agents' synchronous loop: {count(steps['tf_agents'])} train steps; "
                 f"score {final['tf_agents']:.1f}", files, results_dir,
-                _from_json("Breakout-v5", 30, "10 20 30", "wall_clock_Breakout-v5_seed*_30min.json"))
+                _from_json("Breakout-v5", 30, "10 20 30", pattern))
 
 
 def dqn(results_dir):
@@ -205,8 +215,8 @@ def ppo_breakout_hour(results_dir):
                                                         target)
                                  for r in runs_of(records, side)]) for side in SIDES}
     late = ("" if None in reach.values() else
-            f"; reads alf_async's 60-minute median at {ratio(reach['tf_agents'] / reach['alf_async'])} "
-            "alf_async's time (medians)")
+            f"; reads alf_async's 60-minute median at "
+            f"{ratio(reach['tf_agents'] / reach['alf_async'])} alf_async's time (medians)")
     return _row("ppo.breakout_hour",
                 "PPO Breakout-v5 (`ppo_breakout.gin`, its paced layout), 60 minutes of "
                 "training, seeds 0-2 a side: median training score (last 10 games) at "
@@ -222,15 +232,14 @@ def ppo_breakout_hour(results_dir):
 def ppo_hopper(results_dir):
     pattern = "wall_clock_Hopper-v5-ppo_seed?_*_15min.json"
     files, records = _wall_clock(results_dir, pattern)
-    rate = {side: _median([env_rate(r) for r in runs_of(records, side)]) for side in SIDES}
+    rate = _by_side(records, env_rate)
     final = {side: _scores_at(records, side, [15], _greedy)[0] for side in SIDES}
     return _row("ppo.hopper_15min",
                 "PPO Hopper-v5 (`ppo_hopper.gin`), 15 minutes of training, seeds 0-2 a side: "
                 "median env steps/s and greedy return at the end",
-                f"{rate['alf_async']:,.0f} env steps/s ({ratio(rate['alf_async'] / rate['tf_agents'])}), "
-                f"return {final['alf_async']:,.0f}",
-                f"tf-agents' synchronous loop: {rate['tf_agents']:,.0f} env steps/s, return "
-                f"{final['tf_agents']:,.0f}", files, results_dir,
+                f"{_rates(rate)}; return {count(final['alf_async'])}",
+                f"tf-agents' synchronous loop: {rate_of(rate['tf_agents'], 'env steps/s')}; "
+                f"return {count(final['tf_agents'])}", files, results_dir,
                 _from_json("Hopper-v5-ppo", 15, "5 10 15", pattern))
 
 
@@ -258,9 +267,10 @@ def _record(path, stamp):
 
 
 def _frames_to(records, side, scores):
-    """The median over `side`'s runs of the frames to each training score."""
+    """The median over `side`'s runs of the frames to each training score, a
+    cell ('-' where the median run never reached it)."""
     runs = [r["curve"] for r in records if r["side"] == side]
-    return [median_steps([curves.steps_to(c, s) for c in runs]) for s in scores]
+    return _frames_cell([median_steps([curves.steps_to(c, s) for c in runs]) for s in scores])
 
 
 def _at_frames(records, side, millions):
@@ -268,7 +278,7 @@ def _at_frames(records, side, millions):
     steps = millions * 1e6 / FRAMES_PER_STEP
     values = [recent_mean(r["episodes"], steps) for r in records
               if r["side"] == side and r["env_steps"] >= steps]
-    return _median(values) if values else None
+    return statistics.median(values) if values else None
 
 
 def _frames_cell(steps):
@@ -294,8 +304,8 @@ def ppo_pong_per_frame(results_dir):
     return _row("ppo.pong_per_frame",
                 "PPO Pong-v5 per frame (`ppo_pong.gin`: ppo2's settings), seeds 0-2 a side: "
                 "median frames to a training score (last 10 games) of -19 / -15 / -10 / 0",
-                _frames_cell(_frames_to(records, "alf_async", scores)),
-                f"tf-agents' synchronous loop: {_frames_cell(_frames_to(records, 'tf_agents', scores))}; "
+                _frames_to(records, "alf_async", scores),
+                f"tf-agents' synchronous loop: {_frames_to(records, 'tf_agents', scores)}; "
                 f"{_published('ppo2_pong', scores)}; {_published('sb3_ppo_pong', scores)}",
                 files, results_dir,
                 "python benchmarks/per_frame.py --from_json " + " ".join(
@@ -304,14 +314,15 @@ def ppo_pong_per_frame(results_dir):
 
 
 def ppo_breakout_per_frame(results_dir):
-    files, records = _per_frame(results_dir, _files(results_dir, "per_frame_ppo_breakout_seed?_*.json"))
+    names = _files(results_dir, "per_frame_ppo_breakout_seed?_*.json")
+    files, records = _per_frame(results_dir, names)
     scores = (10, 20, 40)
     at4 = {side: _at_frames(records, side, 4) for side in SIDES}
     return _row("ppo.breakout_per_frame",
                 "PPO Breakout-v5 per frame (`ppo_breakout.gin`), seeds 0-1 a side: median frames "
                 "to a training score of +10 / +20 / +40, and the score at 4M frames",
-                f"{_frames_cell(_frames_to(records, 'alf_async', scores))}; {score(at4['alf_async'])} at 4M",
-                f"tf-agents' synchronous loop: {_frames_cell(_frames_to(records, 'tf_agents', scores))}; "
+                f"{_frames_to(records, 'alf_async', scores)}; {score(at4['alf_async'])} at 4M",
+                f"tf-agents' synchronous loop: {_frames_to(records, 'tf_agents', scores)}; "
                 f"{score(at4['tf_agents'])} at 4M; {_published('sb3_ppo_breakout', scores)}",
                 files, results_dir,
                 "python benchmarks/per_frame.py --task Breakout-v5-ppo --from_json "
@@ -339,10 +350,9 @@ def impala_pong_hour(results_dir):
     return _row("impala.pong_hour",
                 "IMPALA Pong-v5 (`impala_pong.gin`'s earlier settings, the A3C network), 60 "
                 "minutes of training, seed 0: env steps/s and the best greedy score",
-                f"{rate['alf_async']:,.0f} env steps/s ({ratio(rate['alf_async'] / rate['tf_agents'])}), "
-                f"best score {score(best['alf_async'])}",
-                f"tf-agents' synchronous loop: {rate['tf_agents']:,.0f} env steps/s, best score "
-                f"{score(best['tf_agents'])}", files, results_dir,
+                f"{_rates(rate)}; best score {score(best['alf_async'])}",
+                f"tf-agents' synchronous loop: {rate_of(rate['tf_agents'], 'env steps/s')}; "
+                f"best score {score(best['tf_agents'])}", files, results_dir,
                 _from_json("Pong-v5-impala", 60, "15 30 45 60", pattern))
 
 
@@ -353,7 +363,7 @@ def impala_pong_per_frame(results_dir):
     return _row("impala.pong_per_frame",
                 "IMPALA Pong-v5 per frame (`impala_pong.gin`: RL Baselines3 Zoo's A2C settings) on "
                 "tf-agents' synchronous loop, seed 0: frames to a training score of -19 / -18",
-                f"`impala_pong.gin`: {_frames_cell(_frames_to(records, 'tf_agents', scores))}",
+                f"`impala_pong.gin`: {_frames_to(records, 'tf_agents', scores)}",
                 _published("sb3_a2c_pong", scores), files, results_dir,
                 f"python benchmarks/per_frame.py --from_json benchmarks/results/{name} "
                 "--reference sb3_a2c_pong --marks 1 2 4 8 10 12 --scores -19 -18")

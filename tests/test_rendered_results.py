@@ -137,8 +137,8 @@ def test_finder_spares_settings_versions_ports_and_code(tmp_path):
 
 
 def test_finder_skips_rendered_blocks(tmp_path):
-    lines = ["<!-- rendered: transcript:nosuch -->", "1.52x", "<!-- /rendered: transcript:nosuch -->",
-             "after it 0.54"]
+    lines = ["<!-- rendered: transcript:nosuch -->", "1.52x",
+             "<!-- /rendered: transcript:nosuch -->", "after it 0.54"]
     code, found = _figures_found(tmp_path, lines)
     assert found == {4: ["0.54"]}
 
