@@ -64,7 +64,7 @@ def host_cell(record):
     if kernels.get("host_kind"):
         kind = kernels["host_kind"]
         if kernels.get("emulated_kind"):
-            kind = f"{kernels['emulated_kind']} emulated on {kind}"
+            kind = f"{kernels['emulated_kind']} emulated on {kernels.get('cpu_kind') or kind}"
     elif "cpu_flags" in record:
         kind = host_kind(record["cpu_flags"])
     else:
@@ -83,19 +83,18 @@ def load_catalog(results_dir=RESULTS_DIR):
     return json.loads(path.read_text())["files"]
 
 
-def _host_records(data):
-    """Host records anywhere a results JSON keeps them: top level, in a list
-    of runs, or in each run of a {run name: run} mapping."""
+def _runs(data):
+    """The records a results JSON holds: itself where it records a host, a
+    command or its args, else each run of its list, of its "runs" or of its
+    {run name: run} mapping (a run's own "record" where it nests one)."""
+    if isinstance(data, dict) and {"host", "command", "args"} & set(data):
+        return [data]
     if isinstance(data, dict):
-        if isinstance(data.get("host"), dict):
-            return [data["host"]]
-        nested = data.get("runs") if isinstance(data.get("runs"), list) else list(data.values())
-    elif isinstance(data, list):
-        nested = data
-    else:
+        data = data["runs"] if isinstance(data.get("runs"), list) else list(data.values())
+    if not isinstance(data, list):
         return []
-    return [item["host"] for item in nested
-            if isinstance(item, dict) and isinstance(item.get("host"), dict)]
+    return [item["record"] if isinstance(item.get("record"), dict) else item
+            for item in data if isinstance(item, dict)]
 
 
 def script_command(script, args, name):
@@ -123,8 +122,9 @@ def _plain(value):
 def clean_command(command, name=""):
     """A recorded command line as a user types it from the checkout: the
     script as `python benchmarks/x.py` wherever the recording ran it from,
-    gin files under gin_configs/, a child run's `--one SIDE --seed N` as
-    `--sides SIDE --seeds N`, no scratch `--root_dir`, and `--json` as the
+    gin files under gin_configs/, a child run's `--one SIDE` as `--sides
+    SIDE` (`--one SIDE --seed N` as `--sides SIDE --seeds N`, per_frame.py's
+    parent's flags), no scratch `--root_dir`, and `--json` as the
     results file `name` (when given)."""
     command = command.strip()
     match = re.match(r"^(?:python3? )?(?:\S*/)?(benchmarks/)?(\w+\.py)\b", command)
@@ -133,6 +133,7 @@ def clean_command(command, name=""):
     rest = command[match.end():]
     rest = re.sub(r"(?<=\s)\S*/gin_configs/", "gin_configs/", rest)
     rest = re.sub(r"--one (\S+) --seed (\d+)", r"--sides \1 --seeds \2", rest)
+    rest = re.sub(r"--one (\S+)", r"--sides \1", rest)
     rest = re.sub(r" --root_dir \S+", "", rest)
     rest = re.sub(r" --gin_bindings\s*$", "", rest)
     if name:
@@ -165,20 +166,21 @@ def file_meta(name, results_dir=RESULTS_DIR):
     own = {}
     if path.suffix == ".json":
         data = json.loads(path.read_text())
-        records = _host_records(data)
-        if records:
-            cells = sorted({host_cell(r) for r in records})
-            own["host"] = " / ".join(cells)
+        runs = _runs(data)
+        hosts = sorted({host_cell(r["host"]) for r in runs if isinstance(r.get("host"), dict)})
+        commands = [clean_command(r["command"], name) for r in runs
+                    if isinstance(r.get("command"), str)]
+        if hosts:
+            own["host"] = " / ".join(hosts)
+        if commands:
+            own["command"] = merge_commands(commands)
         if isinstance(data, dict):
             for key in ("date", "commit"):
                 if isinstance(data.get(key), str):
                     own[key] = data[key]
-            if isinstance(data.get("command"), str):
-                own["command"] = clean_command(data["command"], name)
-            elif isinstance(data.get("args"), dict):
-                script = next((s for prefix, s in ARGS_SCRIPTS if name.startswith(prefix)), None)
-                if script:
-                    own["command"] = script_command(script, data["args"], name)
+            script = next((s for prefix, s in ARGS_SCRIPTS if name.startswith(prefix)), None)
+            if not commands and isinstance(data.get("args"), dict) and script:
+                own["command"] = script_command(script, data["args"], name)
     elif path.suffix == ".txt":
         for line in path.read_text().splitlines()[:8]:
             match = _HEADER.match(line)
