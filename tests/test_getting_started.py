@@ -1,15 +1,15 @@
 """Getting started shows what the main job prints: docs/transcripts/dqn_cartpole.txt.
 
 The transcript is a real run's output, rendered on docs/getting-started.md.
-This test runs the command its header names (the README's and the page's
-main job) as a user does, in a fresh directory, and checks that the run
-prints the transcript's lines, numbers aside:
+This test runs the command its header names (the page's main job) as a
+user does, in a fresh directory, and checks that the run prints the
+transcript's lines, numbers aside (tests/transcripts.py):
 
 - the first line is the kernels line this host chooses (`alf_async.kernels`;
   the transcript shows its own host's);
-- every other line, its numbers masked, is one of the transcript's three
-  kinds, with the same fixed text: an evaluation line, a progress line,
-  the line saying the run stopped;
+- every other line, its numbers masked, is one of the transcript's kinds,
+  with the same fixed text: an evaluation line, a progress line, the line
+  saying the run stopped;
 - they come in the transcript's order: evaluations and progress lines in
   turn (how many depends on the seed and on the clock), the last
   evaluation then the last progress line, then the stop line; nothing on
@@ -18,11 +18,10 @@ prints the transcript's lines, numbers aside:
 The numbers that the gin file fixes are checked too, in the transcript and
 in the run: 256 env steps an iteration (one env thread of 32 CartPoles,
 8-step unrolls), 16 train steps an iteration from the 4th on (1,000 initial
-collect steps), and a last evaluation that returns at least 195.
+collect steps), and a stop at the first evaluation that returns 195.
 """
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import sys
 import pytest
 
 from alf_async import kernels
+import transcripts  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,89 +37,47 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSCRIPT = os.path.join(REPO, "docs", "transcripts", "dqn_cartpole.txt")
 PAGE = os.path.join(REPO, "docs", "getting-started.md")
 COMMAND = "alf-async-train --root_dir runs/dqn_cartpole --gin_file gin_configs/dqn_cartpole.gin"
-
-NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[+-]?\d+)?")
-KERNELS = "[alf_async] kernels: "
-EVAL = re.compile(r"\[alf_async\] eval at train step (\d+) \([\d.]+ s, (\d+) env steps\): "
-                  r"greedy policy AverageReturn ([\d.]+) over 10 episodes")
-PROGRESS = re.compile(r"\[alf_async\] iteration (\d+) \| env steps (\d+) .*\| train steps (\d+) ")
-STOPPED = re.compile(r"\[alf_async\] stopped \(stop_at_eval_return\) at iteration (\d+), "
-                     r"train step (\d+), env steps (\d+); ")
 ENV_STEPS_PER_ITERATION = 32 * 8          # Layout.rows_per_env_thread x Schedule.unroll_length
 TRAIN_STEPS_PER_ITERATION = 16            # Schedule.train_steps_per_iteration
 ITERATIONS_BEFORE_TRAINING = 3            # 1000 initial collect steps: the 4th batch trains
 
 
-def _transcript():
-    """(the command of the transcript's header, its output lines)."""
-    with open(TRANSCRIPT, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    header = [line for line in lines if line.startswith("# ")]
-    assert lines[:len(header)] == header, "header lines come first"
-    commands = [line[len("# command: "):] for line in header if line.startswith("# command: ")]
-    assert len(commands) == 1, header
-    return commands[0], lines[len(header):]
-
-
-def _kinds(lines, templates):
-    """The kinds ('E', 'P', 'S') of `lines` after the first, numbers masked,
-    each run of one kind counted once."""
-    kinds = ""
-    for line in lines[1:]:
-        masked = NUMBER.sub("#", line)
-        assert masked in templates, f"a line of no kind the transcript shows: {line!r}"
-        kind = templates[masked]
-        if not kinds.endswith(kind):
-            kinds += kind
-    return kinds
-
-
-def _templates(lines):
-    """{masked line: its kind} of the transcript's lines."""
-    templates = {}
-    for line in lines[1:]:
-        kind = "E" if EVAL.match(line) else "P" if PROGRESS.match(line) else \
-            "S" if STOPPED.match(line) else None
-        assert kind is not None, f"a transcript line of no known kind: {line!r}"
-        templates.setdefault(NUMBER.sub("#", line), kind)
-    assert sorted(templates.values()) == ["E", "P", "S"], templates
-    return templates
-
-
 def _check_numbers(lines):
     """The numbers the gin file fixes, in one run's lines."""
+    counts = []
     for line in lines:
-        progress, stopped = PROGRESS.match(line), STOPPED.match(line)
-        if progress or stopped:
-            iteration, env_steps, train_step = (
-                map(int, progress.groups()) if progress else
-                (int(stopped.group(1)), int(stopped.group(3)), int(stopped.group(2))))
-            assert env_steps == ENV_STEPS_PER_ITERATION * iteration, line
-            assert train_step == TRAIN_STEPS_PER_ITERATION * (
-                iteration - ITERATIONS_BEFORE_TRAINING), line
-    evaluations = [EVAL.match(line) for line in lines if EVAL.match(line)]
-    stopped = STOPPED.match(lines[-1])
-    assert float(evaluations[-1].group(3)) >= 195.0, evaluations[-1].group(0)
-    assert evaluations[-1].group(1) == stopped.group(2), (evaluations[-1].group(0), lines[-1])
-    assert all(float(e.group(3)) < 195.0 for e in evaluations[:-1])
+        progress, stopped = transcripts.PROGRESS.match(line), transcripts.STOPPED.match(line)
+        if progress:
+            counts.append((line, *map(int, progress.group(1, 2, 3))))
+        elif stopped:
+            assert stopped.group(1) == "stop_at_eval_return", line
+            counts.append((line, *map(int, stopped.group(2, 4, 3))))
+    for line, iteration, env_steps, train_step in counts:
+        assert env_steps == ENV_STEPS_PER_ITERATION * iteration, line
+        assert train_step == TRAIN_STEPS_PER_ITERATION * max(
+            0, iteration - ITERATIONS_BEFORE_TRAINING), line
+    evaluations = [transcripts.EVAL.match(line) for line in lines
+                   if transcripts.EVAL.match(line)]
+    returns = [float(e.group(3)) for e in evaluations]
+    assert returns[-1] >= 195.0 and max(returns[:-1], default=0.0) < 195.0, returns
+    assert evaluations[-1].group(1) == transcripts.STOPPED.match(lines[-1]).group(3)
 
 
 def test_the_transcript_is_the_main_job_the_page_shows():
-    command, lines = _transcript()
+    command, lines = transcripts.read(TRANSCRIPT)
     assert command == COMMAND
     with open(PAGE, encoding="utf-8") as f:
         page = f.read()
     assert f"```\n{COMMAND}\n```" in page
     assert "<!-- rendered: transcript:dqn_cartpole -->" in page
-    assert lines[0].startswith(KERNELS)
-    assert re.fullmatch(r"[EP]*EPS", _kinds(lines, _templates(lines)))
+    assert transcripts.SHAPE.fullmatch(transcripts.kinds(lines, transcripts.templates(lines)))
     _check_numbers(lines)
 
 
 def test_the_main_job_prints_what_the_transcript_shows(tmp_path):
-    command, transcript = _transcript()
-    templates = _templates(transcript)
-    # The user's checkout: the command runs where gin_configs/ is.
+    command, transcript = transcripts.read(TRANSCRIPT)
+    known = transcripts.templates(transcript)
+    # A user's checkout: the command runs where gin_configs/ is.
     os.symlink(os.path.join(REPO, "gin_configs"), tmp_path / "gin_configs")
     argv = shlex.split(command)
     argv[0] = os.path.join(os.path.dirname(sys.executable), argv[0])  # this venv's script
@@ -129,8 +87,7 @@ def test_the_main_job_prints_what_the_transcript_shows(tmp_path):
     assert proc.stderr == ""
     gin_file = os.path.join(REPO, "gin_configs", "dqn_cartpole.gin")
     assert lines[0] == kernels.choose_for_gin([gin_file]).line()
-    kinds = _kinds(lines, templates)
-    assert re.fullmatch(r"[EP]*EPS", kinds), (kinds, lines)
+    shape = transcripts.kinds(lines, known)
+    assert transcripts.SHAPE.fullmatch(shape), (shape, lines)
     _check_numbers(lines)
-    assert lines[-1].endswith("; checkpoint in runs/dqn_cartpole/train")
     assert os.path.isfile(tmp_path / "runs" / "dqn_cartpole" / "train" / "checkpoint")
