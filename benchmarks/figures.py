@@ -27,7 +27,8 @@ FENCE = re.compile(r"^\s*(```+|~~~+)")
 VERSIONED = re.compile(
     r"(?:python|tensorflow|tensorflow-cpu|tf|tf-agents|tf_agents|gymnasium|gym|numpy|ale-py|"
     r"envpool|mujoco|reverb|dm-reverb|ray|mkdocs|keras|protobuf|pip|ubuntu|version|versions|"
-    r"release|http/|[<>=~!]=?)\s*(?:\d+\.\d+\s*(?:,|or|and|to|-|/|\+)\s*)*$", re.IGNORECASE)
+    r"release|http/|[<>=~!]=?)\s*\(?\s*(?:\d+\.\d+\s*(?:,|or|and|to|-|/|\+)\s*)*$",
+    re.IGNORECASE)
 # A signed number after a comparison is a threshold (`>= -200`), not a score.
 THRESHOLD = re.compile(r"[<>=]=?\s*$")
 PATTERNS = (
