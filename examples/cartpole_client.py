@@ -1,11 +1,17 @@
-"""Play CartPole episodes against a policy server.
+"""Play CartPole episodes against a policy server: the client side of serving.
 
-The server is either the CLI's serving job or examples/serve_cartpole.py:
+What it shows: `PolicyClient` (alf_async.serving.client), the five
+episode calls a program of yours makes to a server that acts and learns.
+The server is examples/serve_cartpole.py or the CLI's serving job:
 
+    python examples/serve_cartpole.py --port 8900
     alf-async-train --root_dir runs/serving --gin_file gin_configs/dqn_cartpole_serving.gin
-    python examples/cartpole_client.py --address-file runs/serving/server_address --clients 4
-    python examples/cartpole_client.py --address http://127.0.0.1:8900 --token s3cret
-    python examples/cartpole_client.py --address ... --inference-mode local
+
+Run it from the repository's root, while the server runs:
+
+    python examples/cartpole_client.py [--address http://127.0.0.1:8900]
+        [--address_file runs/serving/server_address] [--clients 4] [--episodes 10]
+        [--token TOKEN] [--inference_mode remote|local] [--verbose]
 
 Each client thread runs its own gym CartPole and plays whole episodes:
 start_episode, then get_action (carrying the previous step's reward: one
@@ -13,8 +19,12 @@ round trip per step) / step until done, then the last reward and
 end_episode. Remote mode needs only the standard library, numpy and gym
 (no TensorFlow).
 
-Exit codes: 0 when every client played its episodes; 1, with one line on
-stderr (`cartpole_client: error: ...`), when the server cannot be reached,
+It prints, for each client, its episodes and their returns, then the
+steps the clients played in all (one action from the server each: a
+CartPole step's reward is 1) (examples/expected/cartpole_client.txt;
+docs/guides/examples.md shows a whole session). Exit codes: 0 when every
+client played its episodes; 1, with one line on stderr
+(`cartpole_client: error: ...`), when the server cannot be reached,
 refuses the client (a wrong or missing token) or fails a request.
 """
 
@@ -63,13 +73,15 @@ def main():
     """Runs the clients; returns the exit code."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--address", default="http://127.0.0.1:8900")
-    parser.add_argument("--address-file", default=None,
+    parser.add_argument("--address_file", default=None,
                         help="read the address from this file (a serving job's "
                              "ROOT_DIR/server_address); overrides --address")
     parser.add_argument("--token", default=None)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--episodes", type=int, default=10, help="per client")
-    parser.add_argument("--inference-mode", default="remote", choices=("remote", "local"))
+    parser.add_argument("--inference_mode", default="remote", choices=("remote", "local"),
+                        help="remote: the server acts; local: the client pulls the policy "
+                             "and acts itself (needs TensorFlow)")
     parser.add_argument("--verbose", action="store_true", help="show gym's notices")
     args = parser.parse_args()
     address = args.address
@@ -78,7 +90,7 @@ def main():
             with open(args.address_file, encoding="utf-8") as f:
                 address = f.read().strip()
         except OSError as e:
-            return _error(f"cannot read --address-file {args.address_file}: {e.strerror}")
+            return _error(f"cannot read --address_file {args.address_file}: {e.strerror}")
 
     results, errors = {}, []
 

@@ -1,25 +1,32 @@
-"""Serve a CartPole DQN policy over HTTP and train it on what clients play.
+"""Serve a CartPole DQN policy over HTTP and train it on what its clients play.
 
-The server is a PolicyServerEnv: every client episode (examples/cartpole_client.py,
-any number at once) is one of the driver's slots (all of them rows of one env
-thread's environment, stepped whichever have a client step ready, one
-request to the actor for all of them); the learner loop takes the
-driver's batches (which hold the clients' logged actions: the server's slots
-report them to the driver) into a uniform replay buffer and trains a DQN agent. Clients in inference_mode="local" pull the
-collect policy from the server and report their own actions.
+What it shows: a `PolicyServerEnv` (alf_async.serving), an ExternalEnv
+whose episodes are played by clients in other processes
+(examples/cartpole_client.py: each runs its own gym CartPole and asks the
+server for every action). Each open client episode is one of the driver's
+slots: the rows of one env thread's environment, stepped whichever have a
+client step ready, one actor request for all of them. The learner takes
+the driver's batches (8 slots' unrolls of 8 steps) into a uniform replay
+buffer and trains a DQN agent; clients with `--inference_mode local` pull
+the collect policy from the server and send only what they did.
 
-    python examples/serve_cartpole.py --port 8900 --seconds 60 &
-    python examples/cartpole_client.py --address http://127.0.0.1:8900 --clients 4
+Run it from the repository's root, then a client in another terminal:
 
-(alf_async's Learner with pieces built in Python; the gin-configured
-trainer is alf_async/trainer.py's business.)
+    python examples/serve_cartpole.py [--port 8900] [--slots 8] [--address_file PATH]
+        [--token TOKEN] [--seconds S] [--verbose]
+    python examples/cartpole_client.py --address http://127.0.0.1:8900 --clients 2
+
+It prints where it serves, a line every 5 seconds while it trains, and
+when stopped (Ctrl-C, SIGTERM or --seconds) what reached the learner
+(examples/expected/serve_cartpole.txt; docs/guides/examples.md shows a
+whole session). The same server from the CLI: gin_configs/dqn_cartpole_serving.gin.
 """
 
 import argparse
-import logging
+import os
 import signal
-import threading
 import sys
+import threading
 import time
 
 from alf_async import quiet
@@ -35,10 +42,13 @@ from tf_agents.trajectories import time_step as ts  # noqa: E402
 from tf_agents.utils import common  # noqa: E402
 
 from alf_async import AsyncOffPolicyDriver  # noqa: E402
-from alf_async.environments.external.external_env import specs_from_gym  # noqa: E402
-from alf_async.learning.learner import Hook, Learner  # noqa: E402
 from alf_async.driver.metrics import by_name  # noqa: E402
-from alf_async.learning.replayers import UniformReplayer  # noqa: E402
+from alf_async.environments.external.external_env import specs_from_gym  # noqa: E402
+from alf_async.learning import Learner, UniformReplayer  # noqa: E402
+from alf_async.learning.learner import Hook  # noqa: E402
+from alf_async.serving import PolicyServerEnv  # noqa: E402
+
+UNROLL_LENGTH = 8   # a batch: every slot's unroll of 8 steps
 
 
 def cartpole_specs():
@@ -52,7 +62,7 @@ def cartpole_specs():
 
 def build_dqn(action_spec, observation_spec, gamma=0.99, learning_rate=1e-3,
               target_update_period=100):
-    """A DQN agent (QNetwork 64x64, Huber TD loss) for array specs."""
+    """A DQN agent (QNetwork 64x64, Huber TD loss, epsilon 0.1) for array specs."""
     time_step_spec = tensor_spec.from_spec(ts.time_step_spec(observation_spec))
     action_spec = tensor_spec.from_spec(action_spec)
     q_net = q_network.QNetwork(time_step_spec.observation, action_spec,
@@ -67,83 +77,81 @@ def build_dqn(action_spec, observation_spec, gamma=0.99, learning_rate=1e-3,
     return agent
 
 
-class LossLog(Hook):
-    """Keeps each iteration's loss (its last train step's) and prints a line
-    every `print_secs` seconds (None: never)."""
-
-    def __init__(self, print_secs=None):
-        self.losses = []
-        self._print_secs = print_secs
-        self._last = time.monotonic()
-
-    def after_iteration(self, learner, train_step_before, train_step):
-        if train_step > train_step_before:
-            self.losses.append(float(learner.loss.loss))
-        if self._print_secs is not None and time.monotonic() - self._last >= self._print_secs:
-            self._last = time.monotonic()
-            m = metrics(learner.driver)
-            recent = self.losses[-100:] or [float("nan")]
-            print(f"train steps {learner.train_step:6d}  loss {sum(recent) / len(recent):7.4f}  "
-                  f"episodes {m['episodes']:5d}  env steps {m['env_steps']:7d}  "
-                  f"AverageReturn {m['average_return']:6.1f}", flush=True)
-
-
-def build_learner(ext, agent, num_slots, unroll_length=8, learn_queue_cap=1, batch_size=64,
-                  train_steps_per_iteration=1, capacity_per_row=20000, hooks=()):
-    """The learner of an ExternalEnv's episodes: driver batches -> a uniform
-    replay buffer -> agent.train.
-
-    Returns the learner. Run `learner.run()` on a thread of
-    its own; `learner.stop()` from any thread ends it.
-    """
-    replayer = UniformReplayer(agent.collect_data_spec, num_rows=num_slots,
-                               capacity_per_row=capacity_per_row)
-    # One env thread, its environment's rows the slots (slots_per_env): the
-    # learner's batch is learn_queue_cap x num_slots unrolls.
-    driver = AsyncOffPolicyDriver(
-        ext.env_constructor(slots_per_env=num_slots), agent.collect_policy, num_envs=1,
-        unroll_length=unroll_length, learn_queue_cap=learn_queue_cap, actor_queue_cap=1,
-        exp_observers=[replayer])
-    learner = Learner(agent, driver, replayer,
-                      train_steps_per_iteration=train_steps_per_iteration,
-                      sample_batch_size=batch_size, hooks=hooks)
-    return learner
-
-
 def metrics(driver):
     """The driver's standard metrics, by name."""
     m = {name: metric.result().numpy() for name, metric in by_name(driver.get_metrics()).items()}
     return dict(episodes=int(m["NumberOfEpisodes"]), env_steps=int(m["EnvironmentSteps"]),
-                average_return=float(m["AverageReturn"]),
-                average_length=float(m["AverageEpisodeLength"]))
+                average_return=float(m["AverageReturn"]))
+
+
+class Announce(Hook):
+    """Says where the server is once the driver serves (and writes it to `address_file`)."""
+
+    def __init__(self, server, slots, address_file):
+        self._server, self._slots, self._address_file = server, slots, address_file
+
+    def begin(self, learner):
+        if self._address_file:   # written whole, then renamed: a reader never sees half
+            with open(self._address_file + ".tmp", "w", encoding="utf-8") as f:
+                f.write(self._server.address + "\n")
+            os.replace(self._address_file + ".tmp", self._address_file)
+        print(f"serving CartPole on {self._server.address} ({self._slots} slots); Ctrl-C stops",
+              flush=True)
+
+
+class PrintEvery(Hook):
+    """A line every `seconds` seconds, once training started."""
+
+    def __init__(self, seconds):
+        self._seconds = seconds
+        self._last = time.monotonic()
+
+    def after_iteration(self, learner, train_step_before, train_step):
+        if train_step > 0 and time.monotonic() - self._last >= self._seconds:
+            self._last = time.monotonic()
+            m = metrics(learner.driver)
+            print(f"train steps {learner.train_step}, loss {float(learner.loss.loss):.4g}, "
+                  f"clients' episodes {m['episodes']}, AverageReturn "
+                  f"{m['average_return']:.1f}", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8900)
-    parser.add_argument("--token", default=None)
+    parser.add_argument("--port", type=int, default=8900, help="0: any free port")
+    parser.add_argument("--token", default=None, help="clients then need --token TOKEN")
     parser.add_argument("--slots", type=int, default=8,
-                        help="episodes served at once (slots of the one env thread)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="then stop")
+                        help="client episodes stepped at once (the env thread's rows)")
+    parser.add_argument("--address_file", default=None,
+                        help="also write the address to this file (for the client's "
+                             "--address_file)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="stop after this many seconds (default: at Ctrl-C or SIGTERM)")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party output (TensorFlow's banner, gym's notices)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from alf_async.serving import PolicyServerEnv  # pylint: disable=import-outside-toplevel
 
     action_spec, observation_spec = cartpole_specs()
     agent = build_dqn(action_spec, observation_spec)
+    # Binds the port now (a port in use raises here); serves once the driver starts.
     server = PolicyServerEnv(action_spec, observation_spec, host=args.host, port=args.port,
                              token=args.token, policy=agent.collect_policy,
                              max_concurrent=4 * args.slots, episode_idle_timeout=30.0)
-    learner = build_learner(server, agent, num_slots=args.slots, hooks=[LossLog(5.0)])
-    print(f"serving CartPole on {server.address} for {args.seconds:.0f} s", flush=True)
-
+    replayer = UniformReplayer(agent.collect_data_spec, num_rows=args.slots,
+                               capacity_per_row=20000)
+    # One env thread whose environment's rows are the slots; a batch is one
+    # unroll of each row (a fast client's slot may give two of its own).
+    driver = AsyncOffPolicyDriver(server.env_constructor(slots_per_env=args.slots),
+                                  agent.collect_policy, num_envs=1, num_actor_queues=1,
+                                  unroll_length=UNROLL_LENGTH, exp_observers=[replayer])
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=1,
+                      sample_batch_size=64,
+                      hooks=[Announce(server, args.slots, args.address_file), PrintEvery(5.0)])
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    # Not the main thread: run_async blocks in TF, where no signal handler runs.
+    # Not on the main thread: the learner waits for clients inside
+    # TensorFlow, where no signal handler runs.
     thread = threading.Thread(target=learner.run, name="learner")
     thread.start()
     try:
@@ -152,7 +160,12 @@ def main():
         learner.stop()
         thread.join()
         server.close()
-    print(f"stopped: {metrics(learner.driver)}, {learner.train_step} train steps")
+    m = metrics(driver)
+    # The driver's metrics count the steps of whole unrolls (a slot's next
+    # unroll is not whole until 8 more steps were played in it).
+    print(f"stopped at iteration {learner.iterations}: {learner.train_step} train steps on "
+          f"{learner.env_steps} env steps (the clients' steps in whole unrolls: "
+          f"{m['env_steps']}, in {m['episodes']} whole episodes)")
 
 
 if __name__ == "__main__":

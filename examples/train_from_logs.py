@@ -23,23 +23,32 @@ gamma 0.95 on these logs Q grew past 10^4 within 1,200 steps (plain
 tf-agents DQN on the same transitions did the same, so it is the data and
 the algorithm, not the pipeline).
 
-    python examples/train_from_logs.py [--episodes 400] [--train-steps 3000]
-                                       [--log-dir DIR]
+Run it from the repository's root:
 
-(There is no gin file for this example: gin configuration belongs to
-alf_async/trainer.py; this builds everything from Python alone.)
+    python examples/train_from_logs.py [--episodes 400] [--train_steps 3000]
+        [--log_dir DIR] [--verbose]
+
+It prints what was logged and loaded, the loss every 250 train steps, and
+the greedy policy's return before and after training
+(examples/expected/train_from_logs.txt; docs/guides/examples.md shows a
+whole run). There is no gin file for it: everything is built in Python.
 """
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
-import gym
-import numpy as np
+from alf_async import quiet
 
-# TensorFlow and alf_async are imported once the arguments are checked: a
-# wrong argument is answered at once, with one line.
+quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before gym is imported
+
+import gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+# TensorFlow and the rest of alf_async are imported once the arguments are
+# checked: a wrong argument is answered at once, with one line.
 
 
 def scripted_action(obs, rng, epsilon):
@@ -77,7 +86,7 @@ def evaluate(agent, num_episodes=10, seed=10_000):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tf_agents.trajectories import time_step as ts  # pylint: disable=import-outside-toplevel
     env = gym.make("CartPole-v0")
-    action_fn = tf.function(lambda t: agent.policy.action(t).action)
+    action_fn = tf.function(lambda t: agent.policy.action(t).action, autograph=False)
     returns = []
     for e in range(num_episodes):
         obs, done, total = env.reset(seed=seed + e), False, 0.0
@@ -122,18 +131,20 @@ def main(argv=None):
     parser.add_argument("--episodes", type=int, default=400, help="scripted episodes logged")
     parser.add_argument("--epsilon", type=float, default=0.8,
                         help="random actions of the scripted policy")
-    parser.add_argument("--train-steps", type=int, default=3000)
+    parser.add_argument("--train_steps", type=int, default=3000)
     parser.add_argument("--rows", type=int, default=4,
                         help="replay buffer rows the episodes are spread over")
     parser.add_argument("--gamma", type=float, default=0.8)
-    parser.add_argument("--target-update-period", type=int, default=20)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--log-dir", default=None,
+    parser.add_argument("--target_update_period", type=int, default=20)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party output (TensorFlow's banner, gym's notices)")
+    parser.add_argument("--log_dir", default=None,
                         help="an existing directory for the logs (default: a temporary "
                              "directory, removed at the end)")
     args = parser.parse_args(argv)
     if args.log_dir is not None and not os.path.isdir(args.log_dir):
-        parser.exit(2, f"{parser.prog}: error: --log-dir {args.log_dir!r} is not an existing "
+        parser.exit(2, f"{parser.prog}: error: --log_dir {args.log_dir!r} is not an existing "
                        f"directory\n")
     if args.log_dir is not None:
         run(args, args.log_dir)
