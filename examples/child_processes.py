@@ -1,6 +1,6 @@
 """Your own environment in child processes, surviving a crash.
 
-What it shows: a gym environment class of your own (`Corridor`, below)
+What it shows: a gymnasium environment class of your own (`Corridor`, below)
 stepped in 8 child processes (`subprocess_env_constructor`: one
 SubprocessEnv each, each under its own GIL) by one env thread, which waits
 on all of them at once; a DQN agent (`alf_async.learning.agents.dqn_agent`)
@@ -12,7 +12,8 @@ in ends as a truncation, training goes on, and the restart is counted
 The same from the CLI: `Task.make_env_constructor =
 @make_subprocess_env_constructor` (gin_configs/dqn_cartpole_subprocess.gin),
 with `Task.env_name = 'my_module:MyEnv-v0'` for a class of yours that
-`my_module` registers with gym.
+`my_module` registers with gymnasium (docs/guides/your-environment.md).
+Needs gymnasium: `pip install -e '.[gymnasium]'`.
 
 Run it from the repository's root:
 
@@ -36,7 +37,7 @@ from alf_async import quiet
 
 quiet.quiet(verbose="--verbose" in sys.argv[1:])  # before TensorFlow and gym are imported
 
-import gym  # noqa: E402
+import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tf_agents.environments.tf_py_environment import TFPyEnvironment  # noqa: E402
@@ -58,8 +59,8 @@ class Corridor(gym.Env):
     """Your simulator: a corridor of `length` cells, starting in the middle.
 
     Actions: 0 steps left, 1 steps right. Reaching the right end returns +1,
-    the left end -1 (either ends the episode); 50 steps end it too. The
-    observation is the position, one-hot.
+    the left end -1 (either ends the episode); 50 steps cut it short
+    (truncated). The observation is the position, one-hot.
 
     To show a crash, the first child (of any run sharing `crash_file`) whose
     own step count reaches `crash_at_step` creates `crash_file` and kills
@@ -80,10 +81,10 @@ class Corridor(gym.Env):
         observation[self._position] = 1.0
         return observation
 
-    def reset(self, seed=None):
-        del seed   # the walk starts in the middle every time
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)   # the walk starts in the middle every time
         self._position, self._t = self.length // 2, 0
-        return self._observation()
+        return self._observation(), {}
 
     def step(self, action):
         self._steps_in_process += 1
@@ -93,7 +94,7 @@ class Corridor(gym.Env):
         self._t += 1
         at_end = self._position in (0, self.length - 1)
         reward = 0.0 if not at_end else (1.0 if self._position else -1.0)
-        return self._observation(), reward, at_end or self._t >= 50, {}
+        return self._observation(), reward, at_end, self._t >= 50 and not at_end, {}
 
     def _crash_once(self):
         try:
