@@ -269,7 +269,7 @@ def _rows_one_by_one(results_dir):
         "threads, `blocking_step`; EnvPool's asynchronous pool, `stepping = 'rows'`): 16 rows "
         "of a tiny environment, a constant policy, every layout (1 x 16, 2 x 8; an actor "
         "thread or acting itself), less the environment layer's own CPU",
-        f"{_span(every, lambda v: f'{v:.1f}')}x lockstep's ({parts})",
+        f"{_span(every, lambda v: f'{v:.1f}')}x lockstep's; {parts}",
         "lockstep: " + ", ".join(f"{_us(table[p]['lockstep']['own_us'])}" for p in ratios),
         ["driver_cost.json"], short="The driver's own CPU per env step, rows stepped one by one")
 

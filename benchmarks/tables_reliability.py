@@ -243,7 +243,8 @@ def _serving_link(results_dir):
     rows = load_json(name, results_dir)["rows"]
     counts = sorted({r[1] for r in rows})
     cell = lambda lat: ", ".join(
-        f"{r[1]:g}: p99 {r[3]:.2f} ms, {count(r[4])}/s" for r in rows if r[0] == lat)
+        f"{r[1]:g} client{'s' if r[1] > 1 else ''} p99 {r[3]:.2f} ms, {count(r[4])} get_action/s"
+        for r in rows if r[0] == lat)
     links = sorted({r[0] for r in rows if r[0] is not None})
     return _row(
         results_dir, "reliability.serving_across_network",

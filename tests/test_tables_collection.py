@@ -93,8 +93,8 @@ def _copy(tmp_path, leave_out=(), write=None):
 
 def test_rows_one_by_one_give_the_range_over_every_row_of_driver_cost():
     row = _row("not_paying", "The driver's own CPU per env step where rows are stepped one by one")
-    assert ("| 4.5-17.8x lockstep's (worker threads 211.0-398.4 us, EnvPool's asynchronous pool "
-            "82.5-328.0 us) | lockstep: 26.7 us, 18.4 us |") in row
+    assert ("| 4.5-17.8x lockstep's; worker threads 211.0-398.4 us, EnvPool's asynchronous pool "
+            "82.5-328.0 us | lockstep: 26.7 us, 18.4 us |") in row
     batched = _row("not_paying", "The driver's own CPU per env step where rows step together:")
     assert ("| the graph loop 17.7 us (1.02x); EnvPool lockstep pools 13.4 us (0.69x) | "
             "lockstep: 17.3 us; 19.4 us |") in batched
