@@ -264,3 +264,56 @@ def test_a_line_on_stderr_is_one_write_so_another_threads_line_cannot_land_insid
     monkeypatch.setattr(sys, "stderr", stderr)
     train_cli.say_on_stderr(train_cli.WRITE_FINISHED)
     assert stderr.writes == [train_cli.WRITE_FINISHED + "\n"]
+
+
+# ------------------------------------------------------------------ missing extras
+
+def _without(tmp_path, *modules):
+    """An env whose PYTHONPATH puts a package of each name first, each failing to
+    import as an uninstalled one does (ModuleNotFoundError naming it)."""
+    stubs = tmp_path / "stubs"
+    for module in modules:
+        (stubs / module).mkdir(parents=True)
+        (stubs / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
+    return dict(ENV, PYTHONPATH=str(stubs) + os.pathsep + ENV["PYTHONPATH"])
+
+
+def test_ray_envs_without_ray_say_which_extra(tmp_path):
+    proc = subprocess.run(
+        cli("--root_dir", str(tmp_path / "run"), "--gin_file",
+            os.path.join(GIN, "dqn_cartpole_ray.gin")),
+        capture_output=True, text=True, timeout=90, cwd=REPO, env=_without(tmp_path, "ray"))
+    assert_one_error_line(proc, "make_ray_env_constructor needs Ray, which is not installed: "
+                                "pip install -e '.[ray]'")
+
+
+def test_distributed_gin_without_reverb_says_which_extra(tmp_path):
+    proc = subprocess.run(
+        cli("--root_dir", str(tmp_path / "run"), "--gin_file",
+            os.path.join(GIN, "dqn_cartpole_distributed.gin")),
+        capture_output=True, text=True, timeout=90, cwd=REPO, env=_without(tmp_path, "reverb"))
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("alf-async-train: error: gin file ")
+    assert "No configurable matching '" in line
+    assert line.endswith("(it needs dm-reverb, which did not import: ModuleNotFoundError: "
+                         "No module named 'reverb'; pip install -e '.[reverb]')")
+
+
+def test_a_gin_files_import_finds_a_module_beside_it(tmp_path):
+    """`import` in a gin file finds a user's module in the gin file's directory,
+    from any working directory: the user's env registers itself there."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "my_settings.py").write_text(
+        "import gin\n\n@gin.configurable\ndef episode_steps(n=7):\n    return n\n")
+    (user / "run.gin").write_text("import my_settings\nepisode_steps.n = 3\n")
+    proc = subprocess.run(
+        cli("--root_dir", str(tmp_path / "run"), "--gin_file", os.path.join(GIN, "smoke.gin"),
+            "--gin_file", str(user / "run.gin")),
+        capture_output=True, text=True, timeout=110, cwd=str(tmp_path), env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [config] = (tmp_path / "run").glob("operative_config-*.gin")
+    assert "import my_settings" in config.read_text().splitlines()

@@ -146,7 +146,10 @@ def parse_gin(gin_files, gin_params):
     """Parses the files, then each binding; raises ConfigError with one line on any error.
 
     Each gin file's directory joins gin's search path, so an overlay's
-    `include 'dqn_cartpole.gin'` finds its base beside it.
+    `include 'dqn_cartpole.gin'` finds its base beside it, and the end of
+    Python's import path, so a gin file's `import my_env` finds my_env.py
+    beside it (the console script's own directory is the venv's bin/, not
+    the working directory; appended, so it shadows no installed module).
     """
     import gin  # pylint: disable=import-outside-toplevel
     from alf_async.trainer import one_line  # pylint: disable=import-outside-toplevel
@@ -154,6 +157,8 @@ def parse_gin(gin_files, gin_params):
         directory = os.path.dirname(os.path.abspath(path))
         if directory not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
             gin.add_config_file_search_path(directory)
+        if directory not in sys.path:
+            sys.path.append(directory)
     # gin tries an include under every search path in turn and logs "Path not
     # found" at ERROR for each miss, even when a later one has the file; a file
     # that is really missing raises below, with its own one line.
@@ -178,6 +183,21 @@ def parse_gin(gin_files, gin_params):
             f"{' and '.join(unbound)} not bound by {', '.join(gin_files)}: an overlay gin file "
             f"needs its base first (or an `include` of it), e.g. "
             f"--gin_file gin_configs/dqn_cartpole.gin")
+
+
+# What alf_async.distributed registers with gin only when dm-reverb imports.
+REVERB_CONFIGURABLES = ("ReverbReplayer", "replay_table", "unroll_table", "collect",
+                        "launch_collectors", "LearnerServer", "VariablePushHook")
+
+
+def _with_reverb_hint(message, reverb_missing):
+    """`message`, saying which extra to install when it is gin's "No
+    configurable matching" for a name that only dm-reverb's import registers."""
+    if reverb_missing is None or not any(f"No configurable matching '{name}'" in message
+                                         for name in REVERB_CONFIGURABLES):
+        return message
+    return (f"{message} (it needs dm-reverb, which did not import: "
+            f"{type(reverb_missing).__name__}: {reverb_missing}; pip install -e '.[reverb]')")
 
 
 def _gin_error(error, one_line):
@@ -343,13 +363,14 @@ def _run(args, training):
             from alf_async.distributed import reverb_replayer  # pylint: disable=import-outside-toplevel
             from alf_async.distributed import learner_role  # pylint: disable=import-outside-toplevel
             del reverb_replayer, learner_role
-        except ImportError:
-            pass
+            reverb_missing = None
+        except ImportError as e:
+            reverb_missing = e
         check_interrupted()
         try:
             parse_gin(args.gin_file, args.gin_param)
         except ConfigError as e:
-            return _error(e)
+            return _error(_with_reverb_hint(str(e), reverb_missing))
     stop_event, ended = threading.Event(), threading.Event()
     with stop_on_signals(stop_event, ended):
         training.set()

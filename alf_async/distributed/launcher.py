@@ -51,6 +51,7 @@ import time
 import gin
 
 from alf_async.environments.processes.recovery import CrashRecovery
+from alf_async.errors import ConfigError
 
 # alf-async-collect dies with the process (thread) this names (bin/collect.py).
 PARENT_PID_ENV = "ALF_ASYNC_PARENT_PID"
@@ -290,7 +291,11 @@ class RayCollectors(_Launcher):
 
     def __init__(self, ray_address=None, ray_num_cpus=None, actor_options=None, **kwargs):
         super().__init__(**kwargs)
-        import ray  # pylint: disable=import-outside-toplevel
+        try:
+            import ray  # pylint: disable=import-outside-toplevel
+        except ModuleNotFoundError:
+            raise ConfigError("Collectors.launcher = 'ray' needs Ray, which is not installed: "
+                              "pip install -e '.[ray]'") from None
         from alf_async.environments.processes.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
         self._ray = ray
         self._owns_ray = ray_address is None and not ray.is_initialized()

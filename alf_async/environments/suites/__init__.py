@@ -32,6 +32,7 @@ from tf_agents.environments import tf_py_environment
 # `suite_envpool.*` before a game loads; they import ale-py, gymnasium and
 # envpool only when one does.
 from alf_async.environments.suites import suite_atari, suite_envpool
+from alf_async.errors import ConfigError
 
 _SUITES = {}
 
@@ -198,7 +199,13 @@ def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
         raise ValueError(f"make_ray_env_constructor: batch_size {batch_size} is not a "
                          f"multiple of actors_per_env {actors_per_env}")
     env_kwargs = _single_env_kwargs(suite, env_name, env_kwargs)
-    from alf_async.environments.processes.ray_env import ray_env_constructor
+    try:
+        from alf_async.environments.processes.ray_env import ray_env_constructor
+    except ModuleNotFoundError as e:
+        if e.name != "ray":
+            raise
+        raise ConfigError("make_ray_env_constructor needs Ray, which is not installed: "
+                          "pip install -e '.[ray]'") from None
     return ray_env_constructor(
         functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
                           env_kwargs),
