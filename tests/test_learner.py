@@ -165,6 +165,22 @@ def test_with_an_agent_it_trains_after_initial_collection_in_whole_iterations():
     assert len(lines) == 1 and lines[0].startswith("[alf_async] iteration 5 | env steps 20")
 
 
+def test_progress_lines_say_each_iteration_once():
+    """A line every iteration (interval 0) and none more at the end: the end
+    line would repeat the last iteration's."""
+    agent = _dqn(*specs())
+    replayer = UniformReplayer(agent.collect_data_spec, num_rows=2, capacity_per_row=100)
+    driver = AsyncOffPolicyDriver(CountingEnvConstructor(), agent.collect_policy, num_envs=2,
+                                  unroll_length=4, exp_observers=[replayer])
+    lines = []
+    learner = Learner(agent, driver, replayer, train_steps_per_iteration=3,
+                      sample_batch_size=8, initial_collect_steps=12,
+                      hooks=[ProgressHook(lines.append, interval_secs=0.0)])
+    assert learner.run(num_train_steps=9) == "num_train_steps"
+    assert [line.split(" | ")[0] for line in lines] == [
+        f"[alf_async] iteration {i}" for i in range(1, 6)]
+
+
 def test_an_agent_needs_a_replayer():
     agent = _dqn(*specs())
     with pytest.raises(ValueError, match="replayer"):

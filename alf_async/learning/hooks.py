@@ -199,6 +199,7 @@ class ProgressHook(Hook):
         self._print = print_fn
         self._interval = interval_secs
         self._last = None
+        self._printed_iteration = None
 
     def begin(self, learner):
         self._last = (learner.start_time, learner.env_steps, learner.train_step)
@@ -209,7 +210,9 @@ class ProgressHook(Hook):
             self._print_line(learner, now)
 
     def end(self, learner, stopped_by):
-        self._print_line(learner, time.monotonic())
+        # The end line, unless an iteration's line just said the same.
+        if self._printed_iteration != learner.iterations:
+            self._print_line(learner, time.monotonic())
 
     def _print_line(self, learner, now):
         t0, env0, step0 = self._last
@@ -225,6 +228,7 @@ class ProgressHook(Hook):
             f" | collect policy AverageReturn {average_return:.1f} | loss {loss}" +
             ("" if lag is None else f" | policy lag {lag[0]:.1f}"))
         self._last = (now, env_steps, step)
+        self._printed_iteration = learner.iterations
 
 
 class StopWaker(Hook):
