@@ -20,7 +20,7 @@ Run it from the repository's root:
     python examples/child_processes.py [--num_env_steps 8192] [--crash_at_step 200]
         [--verbose]
 
-It prints the layout, a line every 20 iterations, what was trained, the
+It prints the layout, a line every 32 iterations, what was trained, the
 restarts and the collect policy's episodes (examples/expected/child_processes.txt;
 docs/guides/examples.md shows a whole run). A corridor walked straight to
 its right end returns +1 in 4 steps.
@@ -105,10 +105,10 @@ class Corridor(gym.Env):
 
 
 class Progress(Hook):
-    """Prints the counters and the restarts so far every 20 iterations."""
+    """Prints the counters and the restarts so far every 32 iterations."""
 
     def after_iteration(self, learner, train_step_before, train_step):
-        if learner.iterations % 20 == 0:
+        if learner.iterations % 32 == 0:
             print(f"iteration {learner.iterations}: env steps {learner.env_steps}, train steps "
                   f"{learner.train_step}, children restarted so far "
                   f"{restarts_of(learner.driver.environments[0])}", flush=True)

@@ -16,7 +16,7 @@ Run it from the repository's root:
 
     python examples/dqn_by_hand.py [--num_env_steps 40000] [--seed 1] [--verbose]
 
-It prints the layout, a line every 10 iterations, what was trained, and the
+It prints the layout, a line every 25 iterations, what was trained, and the
 greedy policy's return over 10 episodes (examples/expected/dqn_by_hand.txt;
 docs/guides/examples.md shows a whole run). The default 40000 env steps
 take about ten seconds of training on two cores.
@@ -100,7 +100,7 @@ def main():
     learner = Learner(agent, driver, replayer,
                       train_steps_per_iteration=TRAIN_STEPS_PER_ITERATION,
                       sample_batch_size=64, initial_collect_steps=INITIAL_COLLECT_STEPS,
-                      hooks=[PrintEvery(10)])
+                      hooks=[PrintEvery(25)])
     print(f"layout: 1 env thread x {ROWS} CartPoles, 1 actor thread; batches of {ROWS} rows x "
           f"{UNROLL_LENGTH} steps = {ROWS * UNROLL_LENGTH} env steps", flush=True)
     start = time.monotonic()

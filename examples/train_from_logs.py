@@ -11,7 +11,7 @@
    DQN agent trains from it. The simulator is not in the loop. (For logs
    that arrive while training runs, an OfflineEnv feeds them through the
    driver instead: see alf_async/environments/external/offline.py.)
-3. The TD loss is printed as it falls (the mean of every 250 train steps),
+3. The TD loss is printed as it falls (the mean of every 500 train steps),
    and the greedy policy is played on the real CartPole before and after
    training.
 
@@ -28,7 +28,7 @@ Run it from the repository's root:
     python examples/train_from_logs.py [--episodes 400] [--train_steps 3000]
         [--log_dir DIR] [--verbose]
 
-It prints what was logged and loaded, the loss every 250 train steps, and
+It prints what was logged and loaded, the loss every 500 train steps, and
 the greedy policy's return before and after training
 (examples/expected/train_from_logs.txt; docs/guides/examples.md shows a
 whole run). There is no gin file for it: everything is built in Python.
@@ -104,7 +104,7 @@ def evaluate(agent, num_episodes=10, seed=10_000):
     return float(np.mean(returns))
 
 
-WINDOW = 250  # train steps per printed loss
+WINDOW = 500  # train steps per printed loss
 
 
 def train(agent, replayer, train_steps, batch_size=64):
