@@ -47,7 +47,9 @@ NO_FILE_YET = tables_learning.NO_FILE_YET
 HEADLINE_KEYS = ("dqn.cartpole_time_to_solve", "ppo.cartpole_time_to_solve", "ppo.pong_hour",
                  "ppo.breakout_hour", "collection.blocking_envs", "collection.atari_in_process",
                  "collection.child_processes", "not_paying.rows_one_by_one")
-COLUMNS = ("what", "alf_async", "the other side", "host", "date", "command", "file")
+# A table's columns; each row's command follows the table, under the row's number
+# (commands are long: as a column they squeezed every other one on the site).
+COLUMNS = ("", "what", "alf_async", "the other side", "host, date, file")
 OPEN = re.compile(r"^<!-- rendered: (\S+) -->\s*$")
 CLOSE = re.compile(r"^<!-- /rendered: (\S+) -->\s*$")
 
@@ -85,8 +87,18 @@ def _code(text):
 
 
 def _files_cell(page, files, results_dir):
-    return ", ".join(f"[{name}]({_link(page, result_rows.RESULTS_DIR / name)})"
-                     for name in files)
+    """The files' links; several files as their shared prefix and suffix around
+    the linked parts that differ (`wall_clock_Pong_{seed0, seed1}_60min.json`)."""
+    links = [(name, _link(page, result_rows.RESULTS_DIR / name)) for name in files]
+    prefix = os.path.commonprefix(files) if len(files) > 1 else ""
+    suffix = os.path.commonprefix([name[len(prefix):][::-1] for name in files])[::-1] \
+        if len(files) > 1 else ""
+    middles = [name[len(prefix):len(name) - len(suffix)] for name in files]
+    if len(files) < 2 or not all(middles):
+        return ", ".join(f"[{name}]({link})" for name, link in links)
+    return (f"{prefix}{{" + ", ".join(f"[{middle}]({link})"
+                                      for middle, (_, link) in zip(middles, links))
+            + f"}}{suffix}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,6 +120,10 @@ def table_rows(name, results_dir):
         if missing or not row.files:
             raise RenderError(f"row {row.key}: results file missing: "
                               f"{', '.join(missing) or '(none named)'}")
+        unknown = [field for field in ("host", "date", "command") if not getattr(row, field)]
+        if unknown:
+            raise RenderError(f"row {row.key}: no {' or '.join(unknown)} for "
+                              f"{', '.join(row.files)} (the file's own record or catalog.json)")
     return rows
 
 
@@ -116,11 +132,13 @@ def _table(name, page, results_dir):
     if not rows:
         return [f"No result of this version has a results file yet; "
                 f"`{NO_FILE_YET[name]}` would make one."]
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        cells = [row.what, row.ours, row.theirs, row.host, row.date, _code(row.command),
-                 _files_cell(page, row.files, results_dir)]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---:" + "|---" * (len(COLUMNS) - 1) + "|"]
+    for number, row in enumerate(rows, 1):
+        cells = [number, row.what, row.ours, row.theirs,
+                 f"{row.host}, {row.date}: {_files_cell(page, row.files, results_dir)}"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += ["", "The commands, by row:", ""]
+    lines += [f"{number}. {_code(row.command)}" for number, row in enumerate(rows, 1)]
     return lines
 
 

@@ -179,3 +179,18 @@ def test_an_unknown_block_is_refused_in_one_line(tmp_path):
     assert len(out) == 1
     assert re.fullmatch(rf"{re.escape(str(page))}:3: unknown rendered block 'nosuch' "
                         r"\(known: [a-z_:, ]+, transcript:NAME\)", out[0]), out
+
+
+def test_a_row_without_its_host_date_and_command_is_refused(tmp_path):
+    """A figure is rendered only with where, when and how it was measured:
+    the file's own header, else catalog.json (which dates every committed file
+    from git, so here only the host and the command are missing)."""
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    name = "time_to_solve_dqn_cartpole.txt"
+    text = (copy / name).read_text()
+    (copy / name).write_text("".join(line for line in text.splitlines(keepends=True)
+                                     if not line.startswith("# ")))
+    code, out = _run("--show", "dqn", "--results_dir", str(copy))
+    assert (code, out) == (1, [f"row dqn.cartpole_time_to_solve: no host or command "
+                               f"for {name} (the file's own record or catalog.json)"])

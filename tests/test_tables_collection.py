@@ -10,6 +10,7 @@ asserted are the files' own: the scripts' printed ratios and medians.
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 
 CHAOS = """\
 # command: python benchmarks/chaos.py --chaos_kills 100 --chaos_interval 2.0 --checkpoint_kills 20
+# date: 2026-12-07
+# host: AMD EPYC | AMD EPYC (AVX-512), oneDNN on, calibration 0.074 s / 0.067 s
+# host_record: {"cpu": "AMD EPYC", "cores": 2, "cpu_flags": ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"], "tensorflow": "2.15.1", "env": {}, "kernels": {"cpu_kind": "avx512_bf16", "emulated_kind": null, "host_kind": "avx512_bf16", "onednn": true, "choice": "auto", "variables": {}, "auto_torso_dtype": "bfloat16"}, "python_loop_secs": 0.074, "numpy_matmul_secs": 0.067}
 SubprocessEnv(env_index=5, ...): the environment process died; restarting it (restart 17)
 
 Crashing simulators: 100 kill -9 of SubprocessEnv children (~2 s apart) during a DQN training run on 2 x 2 CountingEnvs
@@ -40,6 +44,9 @@ Checkpoints: 20 kill -9 of alf-async-train (smoke.gin, checkpoint every 10 train
 
 SOAK = """\
 # command: python benchmarks/soak.py --minutes 30 --sample_secs 60
+# date: 2026-12-07
+# host: AMD EPYC | AMD EPYC (AVX-512), oneDNN on, calibration 0.074 s / 0.067 s
+# host_record: {"cpu": "AMD EPYC", "cores": 2, "cpu_flags": ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"], "tensorflow": "2.15.1", "env": {}, "kernels": {"cpu_kind": "avx512_bf16", "emulated_kind": null, "host_kind": "avx512_bf16", "onednn": true, "choice": "auto", "variables": {}, "auto_torso_dtype": "bfloat16"}, "python_loop_secs": 0.074, "numpy_matmul_secs": 0.067}
   sample 1 at 0 s: RSS 533 MB, threads 15, fds 34, children 10, env steps 768
 
 Soak: 30 min of DQN CartPole on 8 SubprocessEnvs (2 env threads x 4 children), sampled every 60 s
@@ -78,7 +85,7 @@ def _row(name, start, results_dir=RESULTS, file=""):
     status, out = _show(name, results_dir)
     assert status == 0, out
     rows = [line for line in out.splitlines()
-            if line.startswith(f"| {start}") and f"[{file}" in line]
+            if re.match(rf"\| \d+ \| {re.escape(start)}", line) and f"results/{file}" in line]
     assert len(rows) == 1, out
     return rows[0]
 
