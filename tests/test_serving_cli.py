@@ -77,7 +77,7 @@ def test_serving_job_learns_from_a_client_and_stops_on_sigint(tmp_path):
                                   f"missing or wrong 'Authorization: Bearer <token>' (HTTP 401) "
                                   f"(check --token)\n")
 
-        played = run_client("--address-file", str(root_dir / "server_address"),
+        played = run_client("--address_file", str(root_dir / "server_address"),
                             "--token", "s3cret", "--clients", "2", "--episodes", "24")
         assert played.returncode == 0, played.stderr[-3000:]
         assert "Traceback" not in played.stderr
