@@ -161,8 +161,8 @@ def main():
         thread.join()
         server.close()
     m = metrics(driver)
-    # The driver's metrics count the steps of whole unrolls (a slot's next
-    # unroll is not whole until 8 more steps were played in it).
+    # The driver's metrics count the steps of the unrolls it shipped, 8 whole
+    # ones at a time: the clients' last steps may not be among them yet.
     print(f"stopped at iteration {learner.iterations}: {learner.train_step} train steps on "
           f"{learner.env_steps} env steps (the clients' steps in whole unrolls: "
           f"{m['env_steps']}, in {m['episodes']} whole episodes)")
