@@ -2,7 +2,9 @@
 
 What it shows: the three pieces `train()` wires, built in Python with
 tf-agents' own `DdqnAgent` (the README's quick start, with a hook of its
-own and a greedy evaluation at the end):
+own and a greedy evaluation at the end). The values are
+gin_configs/dqn_cartpole.gin's, but its epsilon decay (a fixed 0.1 here)
+and its evaluations while training:
 
 - `AsyncOffPolicyDriver`: one env thread stepping 32 CartPoles batched in
   one environment, one actor thread running the collect policy, unrolls of
@@ -18,8 +20,8 @@ Run it from the repository's root:
 
 It prints the layout, a line every 25 iterations, what was trained, and the
 greedy policy's return over 10 episodes (examples/expected/dqn_by_hand.txt;
-docs/guides/examples.md shows a whole run). The default 40000 env steps
-take about ten seconds of training on two cores.
+docs/guides/examples.md shows a whole run): a few seconds of training on
+two cores.
 """
 
 import argparse

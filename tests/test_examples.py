@@ -11,6 +11,7 @@ that reached the learner, the collectors' reports behind the learner's env
 steps. The commands cut the examples short (a few seconds of training each).
 """
 
+import ast
 import glob
 import os
 import re
@@ -114,6 +115,54 @@ def test_dqn_by_hand(tmp_path):
     # the 4th (1024 >= 1000 initial steps), 16 train steps each: 23 x 16.
     assert "stopped (num_env_steps) at iteration 26: 368 train steps on 6656 env steps" in output
     assert os.listdir(tmp_path) == []   # it writes nothing
+
+
+def _gin_bindings(path):
+    """{'Scope.name': value} of a gin file's literal bindings."""
+    bindings = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            match = re.match(r"^([\w.]+) = ([^#@%]+?)\s*(#.*)?$", line)
+            if match:
+                bindings[match.group(1)] = ast.literal_eval(match.group(2))
+    return bindings
+
+
+@pytest.mark.timeout(30)
+def test_dqn_by_hand_has_the_values_of_dqn_cartpole_gin_it_claims():
+    # Its docstring says: gin_configs/dqn_cartpole.gin's agent, without its
+    # epsilon decay, and the file's layout and schedule.
+    gin = _gin_bindings(os.path.join(REPO, "gin_configs", "dqn_cartpole.gin"))
+    with open(os.path.join(EXAMPLES, "dqn_by_hand.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    calls = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            calls.setdefault(name, []).append(node)
+
+    def keyword(call, name):
+        value = next(k.value for k in calls[call][0].keywords if k.arg == name)
+        return value.id if isinstance(value, ast.Name) else ast.literal_eval(value)
+
+    assert constants["ROWS"] == gin["Layout.rows_per_env_thread"] == gin["Schedule.rows_per_batch"]
+    assert (gin["Layout.env_threads"], gin["Layout.actor_queues"]) == (1, 1)
+    assert keyword("AsyncOffPolicyDriver", "num_envs") == 1
+    assert keyword("AsyncOffPolicyDriver", "num_actor_queues") == 1
+    assert constants["UNROLL_LENGTH"] == gin["Schedule.unroll_length"]
+    assert constants["TRAIN_STEPS_PER_ITERATION"] == gin["Schedule.train_steps_per_iteration"]
+    assert constants["INITIAL_COLLECT_STEPS"] == gin["Schedule.initial_collect_steps"]
+    assert keyword("Learner", "sample_batch_size") == gin["Schedule.sample_batch_size"]
+    assert keyword("UniformReplayer", "capacity_per_row") == gin["UniformReplayer.capacity_per_row"]
+    assert keyword("QNetwork", "fc_layer_params") == gin["dqn_agent.fc_layer_params"]
+    assert ast.literal_eval(calls["Adam"][0].args[0]) == gin["dqn_agent.learning_rate"]
+    for name in ("gamma", "n_step_update", "target_update_tau"):
+        assert keyword("DdqnAgent", name) == gin[f"DqnAgent.{name}"], name
+    assert keyword("DdqnAgent", "td_errors_loss_fn") == "element_wise_squared_loss"
+    assert "DqnAgent.td_errors_loss_fn = @element_wise_squared_loss" in open(
+        os.path.join(REPO, "gin_configs", "dqn_cartpole.gin"), encoding="utf-8").read()
 
 
 @pytest.mark.timeout(120)
