@@ -7,7 +7,7 @@ where the CPU lists one of `TF_ONEDNN_DEFAULT_FLAGS` (AVX-512 VNNI or BF16,
 AVX-VNNI, AMX: tensorflow/tsl/util's `DefaultOneDnnPolicy`); on the many
 CPUs with AVX2 and no more (laptops, AMD EPYC before Zen 4, older Xeons) it
 leaves it off, and a convolutional network trains on Eigen's slower kernels
-(docs: performance, "Where a Pong env step's CPU goes").
+(docs/results/collection.md, "Host kinds and kernels").
 
 `choose` decides, from the CPU's flags, the user's environment and the
 run's networks (`NETWORKS`, read from its gin files by `gin_settings`):
@@ -16,10 +16,11 @@ run's networks (`NETWORKS`, read from its gin files by `gin_settings`):
   otherwise TensorFlow's default, except where TensorFlow leaves oneDNN
   off and the networks are convolutional or have dense layers of
   `WIDE_UNITS` units or more: oneDNN is turned on there, where it pays
-  (on the AVX2 kind: PPO's and IMPALA's Pong learners 1.5x less CPU,
-  SAC's 256-unit networks 1.2x). Narrower dense networks keep TensorFlow's
-  default: DQN's 128-unit and PPO's 64-unit CartPole networks trained
-  0.95-0.97x as fast with oneDNN (`benchmarks/kernel_choice.py`).
+  (on the AVX2 kind the Pong learners and SAC's 256-unit networks take
+  less CPU with it). Narrower dense networks keep TensorFlow's default:
+  DQN's and PPO's CartPole networks trained a little slower with oneDNN
+  (`benchmarks/kernel_choice.py`; docs/results/collection.md, "Host kinds
+  and kernels", has the rows).
 - torsos of `torso_dtype_policy = 'auto'` compute in bfloat16 where the
   CPU has AVX-512 BF16 or AMX (`BF16_FLAGS`), else in float32.
 

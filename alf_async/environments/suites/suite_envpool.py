@@ -28,10 +28,9 @@ EnvPool's C++ threads stepping the rows in parallel while the GIL is free).
 Row by row no row waits for a slower one, which pays when steps take
 uneven time; lockstep costs less of the driver's CPU per step (one Python
 call per batch, not eager queue ops per receive), which pays when the
-cores are the limit: 16 Breakout games on 2 env threads acting themselves
-collected 1.15x tf-agents' lockstep driver (row by row: 0.97x at best),
-and PPO on Pong, with a learner beside the games on 2 cores, 1.07x the
-env steps/s (docs: performance, "Atari" and "Pong (`ppo_pong.gin`)").
+cores are the limit, as on two cores, where lockstep pools collect faster
+than tf-agents' lockstep driver and row by row does not
+(docs/results/collection.md and not-paying.md have the rows).
 
 The pool is made on first use in the mode of that use (an EnvPool pool's
 mode is fixed when it is made); a use in the other mode replaces it with a
