@@ -66,7 +66,7 @@ says what ran.
 """
 
 import argparse
-import inspect
+import dataclasses
 import json
 import os
 import shutil
@@ -214,8 +214,9 @@ def run_alf_async(seed, seconds, root_dir, raw_secs):
                  np.arange(num_rows, dtype=np.int32))
     calls_per_train = q("Schedule.train_steps_per_iteration")
     learner = Learner(agent, driver=None, replayer=replayer,
-                      sample_batch_size=_query("Schedule.sample_batch_size", inspect.signature(
-                          trainer.train).parameters["sample_batch_size"].default))
+                      sample_batch_size=_query("Schedule.sample_batch_size", {
+                          field.name: field.default
+                          for field in dataclasses.fields(settings.Schedule)}["sample_batch_size"]))
 
     def train_calls(k):
         for _ in range(k):
@@ -322,7 +323,7 @@ def _query(name, default):
     import gin
     try:
         return gin.query_parameter(name)
-    except ValueError:  # not bound: train()'s default
+    except ValueError:  # not bound: the settings' default
         return default
 
 
@@ -336,9 +337,10 @@ def _eval_policy(agent):
 def set_train_threads():
     """TF's thread pools as train() sizes them from the gin file (before TF
     runs its first op; a second call with the same sizes does nothing)."""
+    from alf_async import settings
     from alf_async.trainer import _set_threads
-    _set_threads(_query("Runtime.inter_op_threads", None),
-                 _query("Runtime.intra_op_threads", None))
+    _set_threads(settings.Runtime(inter_op_threads=_query("Runtime.inter_op_threads", None),
+                                  intra_op_threads=_query("Runtime.intra_op_threads", None)))
 
 
 def run_unroll_sync(seed, seconds, sync_env, raw_secs, **kwargs):
