@@ -33,6 +33,7 @@ import subprocess
 import sys
 
 import figures
+import pictures_learning
 import result_rows
 import tables_collection
 import tables_learning
@@ -42,7 +43,7 @@ DOCS = REPO / "docs"
 TRANSCRIPTS = DOCS / "transcripts"
 IMAGES = DOCS / "images"
 TABLES = {**tables_learning.TABLES, **tables_collection.TABLES}
-PICTURES = tables_learning.PICTURES
+PICTURES = pictures_learning.PICTURES
 NO_FILE_YET = tables_learning.NO_FILE_YET
 HEADLINE_KEYS = ("dqn.cartpole_time_to_solve", "ppo.cartpole_time_to_solve", "ppo.pong_hour",
                  "ppo.breakout_hour", "collection.blocking_envs", "collection.atari_in_process",
@@ -130,6 +131,9 @@ def table_rows(name, results_dir):
 def _table(name, page, results_dir):
     rows = table_rows(name, results_dir)
     if not rows:
+        if name not in NO_FILE_YET:
+            raise RenderError(f"table {name}: no rows, and no command in NO_FILE_YET "
+                              f"that would make its results file")
         return [f"No result of this version has a results file yet; "
                 f"`{NO_FILE_YET[name]}` would make one."]
     lines = ["| " + " | ".join(COLUMNS) + " |", "|---:" + "|---" * (len(COLUMNS) - 1) + "|"]

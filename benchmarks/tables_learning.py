@@ -1,14 +1,13 @@
-"""The learning tables (dqn, sac, ppo, impala, learning) and the pictures
-beside them, read from benchmarks/results/ (render_results.py writes them).
+"""The learning tables (dqn, sac, ppo, impala, learning), read from
+benchmarks/results/ (render_results.py writes them; pictures_learning.py
+lists the pictures beside them).
 
-Each table is a function `(results_dir) -> [Row]` in `TABLES`; each picture
-list a function `(results_dir) -> [Picture]` in `PICTURES`. The figures come
+Each table is a function `(results_dir) -> [Row]` in `TABLES`. The figures come
 from the readers the benchmarks report with: time_to_solve.py's summary
 lines, alf_async.testing.bench.wall_clock_report (wall_clock_learning.py's
 `--from_json`) and alf_async.testing.bench.curves (per_frame.py's).
 """
 
-import dataclasses
 import functools
 import glob
 import os
@@ -26,32 +25,9 @@ from alf_async.testing.bench.wall_clock_report import (SIDES, env_rate, load_rec
                                                        training_score_at)
 
 # Tables without a results file of this version yet: the command that would make one.
-NO_FILE_YET = {
-    "sac": "python benchmarks/wall_clock_learning.py --task Hopper-v5 --seeds 0 1 2 "
-           "--minutes 15 --eval_every_steps 10000",
-}
+NO_FILE_YET = {}
 _MEDIAN = re.compile(r"^(\S+)\s+: median ([\d.]+) s over (\d+) runs, (\d+) not solved", re.M)
 _RATIO = re.compile(r"^ratio of medians \S+ / \S+: ([\d.]+)$", re.M)
-
-
-@dataclasses.dataclass(frozen=True)
-class Picture:
-    """A picture of docs/images/ and the results files it is drawn from.
-
-    Attributes:
-        image: its file name in docs/images/.
-        alt: what it shows, in words (no measured figures).
-        files: the results files it is drawn from, relative to benchmarks/results/.
-        command: the command that draws it from them.
-        host: "CPU model (kind)" of the runs.
-        date: YYYY-MM-DD of the latest of them.
-    """
-    image: str
-    alt: str
-    files: tuple
-    command: str
-    host: str
-    date: str
 
 
 def solve_times(text, heading=None):
@@ -80,7 +56,7 @@ def solve_times(text, heading=None):
     return medians, float(found.group(1))
 
 
-def _files(results_dir, pattern):
+def files_matching(results_dir, pattern):
     """The results files matching `pattern`, sorted, relative to `results_dir`."""
     found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(results_dir, pattern)))
     if not found:
@@ -109,7 +85,7 @@ def _solve_row(key, what, short, name, results_dir, heading=None):
 
 def _wall_clock(results_dir, pattern):
     """(files, {(side, seed): record}) of the wall_clock_*.json files matching `pattern`."""
-    files = _files(results_dir, pattern)
+    files = files_matching(results_dir, pattern)
     paths = tuple(os.path.join(results_dir, f) for f in files)
     return files, _records(paths, tuple(os.stat(p).st_mtime_ns for p in paths))
 
@@ -121,7 +97,7 @@ def _records(paths, stamps):
     return load_records(list(paths))
 
 
-def _from_json(task, minutes, report_minutes, pattern):
+def from_json_command(task, minutes, report_minutes, pattern):
     """wall_clock_learning.py's command that prints a row's figures and draws its picture."""
     return (f"python benchmarks/wall_clock_learning.py --task {task} --minutes {minutes} "
             f"--report_minutes {report_minutes} --from_json benchmarks/results/{pattern}")
@@ -167,7 +143,7 @@ def dqn_breakout(results_dir):
                 f"{ratio(steps['alf_async'] / steps['tf_agents'])}; score {final['alf_async']:.1f}",
                 f"tf-agents' synchronous loop: {count(steps['tf_agents'])} train steps; "
                 f"score {final['tf_agents']:.1f}", files, results_dir,
-                _from_json("Breakout-v5", 30, "10 20 30", pattern))
+                from_json_command("Breakout-v5", 30, "10 20 30", pattern))
 
 
 def dqn(results_dir):
@@ -179,9 +155,26 @@ def dqn(results_dir):
         "time_to_solve_dqn_cartpole.txt", results_dir), dqn_breakout(results_dir)]
 
 
+def sac_halfcheetah(results_dir):
+    pattern = "wall_clock_HalfCheetah-v5_seeds*_8min.json"
+    files, records = _wall_clock(results_dir, pattern)
+    seeds = sorted({seed for _, seed in records})
+    rate = _by_side(records, env_rate)
+    at = {side: _scores_at(records, side, [4, 8], _greedy) for side in SIDES}
+    return _row("sac.halfcheetah_8min",
+                f"SAC HalfCheetah-v5 (`sac_halfcheetah.gin`), 8 minutes of training, seeds "
+                f"{', '.join(map(str, seeds))} a side: median greedy return at 4 / 8 minutes, "
+                "and env steps/s (a train step per env step on both sides)",
+                f"{' / '.join(count(v) for v in at['alf_async'])}; {_rates(rate)}",
+                f"tf-agents' synchronous loop: {' / '.join(count(v) for v in at['tf_agents'])}; "
+                f"{rate_of(rate['tf_agents'], 'env steps/s')}", files, results_dir,
+                from_json_command("HalfCheetah-v5", 8, "4 8", pattern),
+                short="SAC HalfCheetah-v5, median greedy return at 4 / 8 minutes of training")
+
+
 def sac(results_dir):
-    """SAC: no results file of this version yet (`NO_FILE_YET`)."""
-    return []
+    """SAC: HalfCheetah against the wall clock."""
+    return [sac_halfcheetah(results_dir)]
 
 
 def _quarters(values, fmt=score):
@@ -202,7 +195,7 @@ def ppo_pong_hour(results_dir):
                 "actor), 60 minutes of training, seeds 0-2 a side: median greedy score at "
                 "15 / 30 / 45 / 60 minutes, and median time to +18",
                 cells["alf_async"], f"tf-agents' synchronous loop: {cells['tf_agents']}",
-                files, results_dir, _from_json("Pong-v5-ppo", 60, "15 30 45 60", pattern),
+                files, results_dir, from_json_command("Pong-v5-ppo", 60, "15 30 45 60", pattern),
                 short="PPO Pong-v5, median score at 15 / 30 / 45 / 60 minutes of training")
 
 
@@ -224,7 +217,7 @@ def ppo_breakout_hour(results_dir):
                 _quarters(_scores_at(records, "alf_async", marks, _training)),
                 f"tf-agents' synchronous loop: "
                 f"{_quarters(_scores_at(records, 'tf_agents', marks, _training))}{late}",
-                files, results_dir, _from_json("Breakout-v5-ppo", 60, "15 30 45 60", pattern),
+                files, results_dir, from_json_command("Breakout-v5-ppo", 60, "15 30 45 60", pattern),
                 short="PPO Breakout-v5, median training score at 15 / 30 / 45 / 60 minutes "
                       "of training")
 
@@ -240,7 +233,7 @@ def ppo_hopper(results_dir):
                 f"{_rates(rate)}; return {count(final['alf_async'])}",
                 f"tf-agents' synchronous loop: {rate_of(rate['tf_agents'], 'env steps/s')}; "
                 f"return {count(final['tf_agents'])}", files, results_dir,
-                _from_json("Hopper-v5-ppo", 15, "5 10 15", pattern))
+                from_json_command("Hopper-v5-ppo", 15, "5 10 15", pattern))
 
 
 def _per_frame(results_dir, names, labels=None):
@@ -314,7 +307,7 @@ def ppo_pong_per_frame(results_dir):
 
 
 def ppo_breakout_per_frame(results_dir):
-    names = _files(results_dir, "per_frame_ppo_breakout_seed?_*.json")
+    names = files_matching(results_dir, "per_frame_ppo_breakout_seed?_*.json")
     files, records = _per_frame(results_dir, names)
     scores = (10, 20, 40)
     at4 = {side: _at_frames(records, side, 4) for side in SIDES}
@@ -353,7 +346,7 @@ def impala_pong_hour(results_dir):
                 f"{_rates(rate)}; best score {score(best['alf_async'])}",
                 f"tf-agents' synchronous loop: {rate_of(rate['tf_agents'], 'env steps/s')}; "
                 f"best score {score(best['tf_agents'])}", files, results_dir,
-                _from_json("Pong-v5-impala", 60, "15 30 45 60", pattern))
+                from_json_command("Pong-v5-impala", 60, "15 30 45 60", pattern))
 
 
 def impala_pong_per_frame(results_dir):
@@ -377,87 +370,10 @@ def impala(results_dir):
 def learning(results_dir):
     """Does it learn sooner: every agent's wall-clock rows."""
     keys = ("dqn.cartpole_time_to_solve", "ppo.cartpole_time_to_solve", "ppo.pong_hour",
-            "ppo.breakout_hour", "ppo.hopper_15min", "dqn.breakout_30min", "impala.pong_hour")
-    rows = {row.key: row for table in (dqn, ppo, impala) for row in table(results_dir)}
+            "ppo.breakout_hour", "sac.halfcheetah_8min", "ppo.hopper_15min",
+            "dqn.breakout_30min", "impala.pong_hour")
+    rows = {row.key: row for table in (dqn, sac, ppo, impala) for row in table(results_dir)}
     return [rows[key] for key in keys]
 
 
 TABLES = {"dqn": dqn, "sac": sac, "ppo": ppo, "impala": impala, "learning": learning}
-
-
-def _picture(image, alt, files, command, results_dir):
-    meta = meta_of(files, results_dir)
-    return Picture(image=image, alt=alt, files=tuple(files), command=command, host=meta["host"],
-                   date=meta["date"])
-
-
-def _wall_clock_picture(results_dir, image, alt, task, minutes, report_minutes, pattern):
-    return _picture(image, alt, _files(results_dir, pattern),
-                    _from_json(task, minutes, report_minutes, pattern), results_dir)
-
-
-def dqn_pictures(results_dir):
-    return [_wall_clock_picture(
-        results_dir, "wall_clock_Breakout-v5_3seeds_30min.png",
-        "DQN Breakout-v5, game score against wall-clock minutes, seeds 0-2 a side",
-        "Breakout-v5", 30, "10 20 30", "wall_clock_Breakout-v5_seed?_30min.json")]
-
-
-def _pong_hour_picture(results_dir):
-    return _wall_clock_picture(
-        results_dir, "wall_clock_Pong-v5-ppo_60min.png",
-        "PPO Pong-v5, seeds 0-2 a side: game score against wall-clock minutes and against "
-        "frames, beside ppo2's curve", "Pong-v5-ppo", 60, "15 30 45 60",
-        "wall_clock_Pong-v5-ppo_seed?_*_60min.json")
-
-
-def _breakout_hour_picture(results_dir):
-    return _wall_clock_picture(
-        results_dir, "wall_clock_Breakout-v5-ppo_60min.png",
-        "PPO Breakout-v5, the paced layout, seeds 0-2 a side: greedy evaluations and training "
-        "scores against wall-clock minutes and against frames, beside the zoo's PPO curve",
-        "Breakout-v5-ppo", 60, "15 30 45 60", "wall_clock_Breakout-v5-ppo_paced_seed?_*_60min.json")
-
-
-def ppo_pictures(results_dir):
-    pong = ppo_pong_per_frame(results_dir)
-    breakout = ppo_breakout_per_frame(results_dir)
-    return [
-        _pong_hour_picture(results_dir),
-        _picture("per_frame_Pong-v5-ppo_1M_steps.png",
-                 "PPO Pong-v5 per frame, seeds 0-2 a side: training episodes and greedy "
-                 "evaluations beside ppo2's and the zoo's PPO curves",
-                 pong.files, pong.command, results_dir),
-        _breakout_hour_picture(results_dir),
-        _picture("per_frame_Breakout-v5-ppo.png",
-                 "PPO Breakout-v5 per frame, seeds 0-1 a side: training episodes and greedy "
-                 "evaluations beside the zoo's PPO curve", breakout.files, breakout.command,
-                 results_dir),
-        _wall_clock_picture(results_dir, "wall_clock_Hopper-v5-ppo_3seeds_15min.png",
-                            "PPO Hopper-v5, greedy return against wall-clock minutes, seeds 0-2 "
-                            "a side", "Hopper-v5-ppo", 15, "5 10 15",
-                            "wall_clock_Hopper-v5-ppo_seed?_*_15min.json")]
-
-
-def impala_pictures(results_dir):
-    names = ("per_frame_impala_a2c_1m_seed0_tf_agents.json",
-             "per_frame_impala_sb3_a2c_seed0_tf_agents.json")
-    return [
-        _wall_clock_picture(results_dir, "wall_clock_Pong-v5-impala_seed0_60min.png",
-                            "IMPALA Pong-v5, seed 0 a side: game score against wall-clock "
-                            "minutes and against frames", "Pong-v5-impala", 60, "15 30 45 60",
-                            "wall_clock_Pong-v5-impala_seed0_*_60min.json"),
-        _picture("per_frame_Pong-v5-impala_3.2M_steps.png",
-                 "IMPALA Pong-v5 per frame on the synchronous loop, seed 0: training episodes "
-                 "beside RL Baselines3 Zoo's A2C", names,
-                 "python benchmarks/per_frame.py --from_json " + " ".join(
-                     f"benchmarks/results/{n}" for n in names)
-                 + " --reference sb3_a2c_pong --marks 1 2 4 8 10 12", results_dir)]
-
-
-def learning_pictures(results_dir):
-    return [_pong_hour_picture(results_dir), _breakout_hour_picture(results_dir)]
-
-
-PICTURES = {"pictures:dqn": dqn_pictures, "pictures:ppo": ppo_pictures,
-            "pictures:impala": impala_pictures, "pictures:learning": learning_pictures}

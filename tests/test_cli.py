@@ -309,7 +309,8 @@ def test_a_gin_files_import_finds_a_module_beside_it(tmp_path):
     user.mkdir()
     (user / "my_settings.py").write_text(
         "import gin\n\n@gin.configurable\ndef episode_steps(n=7):\n    return n\n")
-    (user / "run.gin").write_text("import my_settings\nepisode_steps.n = 3\n")
+    (user / "run.gin").write_text(
+        "import my_settings\nepisode_steps.n = 3\nSchedule.num_iterations = 1\n")
     proc = subprocess.run(
         cli("--root_dir", str(tmp_path / "run"), "--gin_file", os.path.join(GIN, "smoke.gin"),
             "--gin_file", str(user / "run.gin")),
