@@ -12,10 +12,11 @@ A page places a block by writing its two markers with nothing between them:
     <!-- /rendered: NAME -->
 
 NAME is a table (`TABLES` of tables_learning.py and tables_collection.py,
-and `headline`: the README's short rows, picked by key from the others,
-each its `short` question and both sides' figures up to their first ';'), a
-picture list (`pictures:...`) or `transcript:NAME` (docs/transcripts/NAME.txt
-in a code block). What is between the markers is written here, never by hand.
+which takes in tables_choices.py's and tables_reliability.py's, and
+`headline`: the README's short rows, picked by key from the others, each
+its `short` question and both sides' figures up to their first ';'), a
+picture list (`pictures:...` of pictures_learning.py) or `transcript:NAME`
+(docs/transcripts/NAME.txt in a code block). What is between the markers is written here, never by hand.
 
 `--check` flags a block that differs from what the files give, a row whose
 file is missing, an unknown block name, an image outside a picture block and

@@ -293,7 +293,9 @@ class RayCollectors(_Launcher):
         super().__init__(**kwargs)
         try:
             import ray  # pylint: disable=import-outside-toplevel
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as e:
+            if e.name != "ray":
+                raise
             raise ConfigError("Collectors.launcher = 'ray' needs Ray, which is not installed: "
                               "pip install -e '.[ray]'") from None
         from alf_async.environments.processes.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
