@@ -288,6 +288,17 @@ def test_ray_envs_without_ray_say_which_extra(tmp_path):
                                 "pip install -e '.[ray]'")
 
 
+def test_a_missing_extra_is_named_only_when_it_is_the_module_missing():
+    from alf_async.errors import ConfigError, missing_extra
+    ray_missing = ModuleNotFoundError("No module named 'ray'", name="ray")
+    line = missing_extra(ray_missing, "Collectors.launcher = 'ray'", "Ray", "ray", "ray")
+    assert type(line) is ConfigError
+    assert str(line) == ("Collectors.launcher = 'ray' needs Ray, which is not installed: "
+                         "pip install -e '.[ray]'")
+    broken = ModuleNotFoundError("No module named 'grpc'", name="grpc")
+    assert missing_extra(broken, "Collectors.launcher = 'ray'", "Ray", "ray", "ray") is broken
+
+
 def test_distributed_gin_without_reverb_says_which_extra(tmp_path):
     proc = subprocess.run(
         cli("--root_dir", str(tmp_path / "run"), "--gin_file",

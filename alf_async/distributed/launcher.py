@@ -51,7 +51,7 @@ import time
 import gin
 
 from alf_async.environments.processes.recovery import CrashRecovery
-from alf_async.errors import ConfigError
+from alf_async.errors import missing_extra
 
 # alf-async-collect dies with the process (thread) this names (bin/collect.py).
 PARENT_PID_ENV = "ALF_ASYNC_PARENT_PID"
@@ -294,10 +294,7 @@ class RayCollectors(_Launcher):
         try:
             import ray  # pylint: disable=import-outside-toplevel
         except ModuleNotFoundError as e:
-            if e.name != "ray":
-                raise
-            raise ConfigError("Collectors.launcher = 'ray' needs Ray, which is not installed: "
-                              "pip install -e '.[ray]'") from None
+            raise missing_extra(e, "Collectors.launcher = 'ray'", "Ray", "ray", "ray") from None
         from alf_async.environments.processes.ray_env import ensure_ray  # pylint: disable=import-outside-toplevel
         self._ray = ray
         self._owns_ray = ray_address is None and not ray.is_initialized()

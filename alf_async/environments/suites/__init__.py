@@ -32,7 +32,7 @@ from tf_agents.environments import tf_py_environment
 # `suite_envpool.*` before a game loads; they import ale-py, gymnasium and
 # envpool only when one does.
 from alf_async.environments.suites import suite_atari, suite_envpool
-from alf_async.errors import ConfigError
+from alf_async.errors import missing_extra
 
 _SUITES = {}
 
@@ -202,10 +202,7 @@ def make_ray_env_constructor(suite, env_name, batch_size=1, seed=None,
     try:
         from alf_async.environments.processes.ray_env import ray_env_constructor
     except ModuleNotFoundError as e:
-        if e.name != "ray":
-            raise
-        raise ConfigError("make_ray_env_constructor needs Ray, which is not installed: "
-                          "pip install -e '.[ray]'") from None
+        raise missing_extra(e, "make_ray_env_constructor", "Ray", "ray", "ray") from None
     return ray_env_constructor(
         functools.partial(make_single_env, suite, env_name, seed, max_episode_steps,
                           env_kwargs),
