@@ -3,7 +3,7 @@
 The transcript is a real run's output, rendered on docs/getting-started.md.
 This test runs the command its header names (the page's main job) as a
 user does, in a fresh directory, and checks that the run prints the
-transcript's lines, numbers aside (tests/transcripts.py):
+transcript's lines, numbers aside (alf_async.testing.transcripts):
 
 - the first line is the kernels line this host chooses (`alf_async.kernels`;
   the transcript shows its own host's);
@@ -29,7 +29,7 @@ import sys
 import pytest
 
 from alf_async import kernels
-import transcripts  # tests/ is on sys.path
+from alf_async.testing import transcripts
 
 pytestmark = pytest.mark.timeout(300)
 

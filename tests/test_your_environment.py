@@ -12,7 +12,7 @@ user's checkout), runs the command as the page shows it, and checks:
   run summarised (`Metrics/AverageEpisodeLength` in `train`) is ten steps
   long, 256 env steps an iteration;
 - it prints the lines of the page's transcript (docs/transcripts/lights.txt),
-  numbers aside (tests/transcripts.py), and nothing on stderr.
+  numbers aside (alf_async.testing.transcripts), and nothing on stderr.
 """
 
 import glob
@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-import transcripts  # tests/ is on sys.path
+from alf_async.testing import transcripts
 
 pytestmark = pytest.mark.timeout(300)
 
