@@ -13,16 +13,21 @@ thread; ``close()`` from any thread); the constructor may be called from
 several threads at once.
 """
 
+import functools
 import itertools
 import threading
 from typing import Any, Callable, List, Optional, Sequence
 
 import cloudpickle
+import numpy as np
+import tensorflow as tf
 from tf_agents.environments import py_environment, tf_py_environment
 from tf_agents.utils import nest_utils
 
 from alf_async.environments.capabilities import BlockingStep, Restartable
-from alf_async.environments.processes.subprocess_env import (SubprocessEnv, close_subprocess_envs,
+from alf_async.environments.processes.subprocess_calls import IN_SLOT
+from alf_async.environments.processes.subprocess_env import (TRANSPORTS, SubprocessEnv,
+                                                             close_subprocess_envs,
                                                              create_subprocess_envs)
 
 
@@ -47,6 +52,17 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
             if (env.time_step_spec() != first.time_step_spec()
                     or env.action_spec() != first.action_spec()):
                 raise ValueError(f"specs of {env!r} differ from those of {first!r}")
+        # Rows 0..n-1 of one shared segment, in order (create_subprocess_envs
+        # makes them so): every action is written, and every time step read,
+        # with one numpy copy per leaf, and each child gets a frame alone.
+        self._sizes = [env.envs_per_process for env in self._envs]
+        self._starts = list(itertools.accumulate([0] + self._sizes[:-1]))
+        shared = first._shared   # pylint: disable=protected-access
+        self._views = None
+        if shared is not None and shared.num_slots == sum(self._sizes) and all(
+                env._shared is shared and env._slot == start   # pylint: disable=protected-access
+                for start, env in zip(self._starts, self._envs)):
+            self._views = shared.views
 
     @property
     def batched(self) -> bool:
@@ -54,7 +70,7 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
 
     @property
     def batch_size(self) -> int:
-        return len(self._envs)
+        return sum(self._sizes)
 
     @property
     def envs(self) -> List[SubprocessEnv]:
@@ -92,11 +108,20 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
         return self._all([env.reset_async for env in self._envs])
 
     def _step(self, actions):
-        actions = nest_utils.unstack_nested_arrays(actions)
-        if len(actions) != len(self._envs):
-            raise ValueError(f"got {len(actions)} actions for {len(self._envs)} environments")
-        return self._all([lambda env=env, a=a: env.step_async(a)
-                          for env, a in zip(self._envs, actions)])
+        if self._views is not None:  # raises ValueError for a wrong batch
+            self._views.write_actions(0, actions, self.batch_size)
+            return self._all([functools.partial(env.step_async, None, in_slot=True)
+                              for env in self._envs])
+        n = len(tf.nest.flatten(actions)[0])
+        if n != self.batch_size:
+            raise ValueError(f"expected actions for {self.batch_size} environments, got {n}")
+        if self.batch_size == len(self._envs):
+            pieces = nest_utils.unstack_nested_arrays(actions)
+        else:   # a batch of envs_per_process rows for each
+            pieces = [tf.nest.map_structure(lambda a, i=i, k=k: a[i:i + k], actions)
+                      for i, k in zip(self._starts, self._sizes)]
+        return self._all([functools.partial(env.step_async, a)
+                          for env, a in zip(self._envs, pieces)])
 
     def _all(self, sends):
         """Calls every `send` (each returns its `receive`), then every receive."""
@@ -107,16 +132,30 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
             except BaseException as e:
                 error = e
                 break
+        raw = self._views is not None
         results = []
         for receive in receives:  # always drain every request that went out
             try:
-                results.append(receive())
+                results.append(receive(raw=raw))
             except BaseException as e:
                 if error is None:
                     error = e
         if error is not None:
             raise error
-        return nest_utils.stack_nested_arrays(results)
+        if not raw:
+            if self.batch_size == len(self._envs):
+                return nest_utils.stack_nested_arrays(results)
+            return tf.nest.map_structure(lambda *a: np.concatenate(a), *results)
+        # Every row's time step is in the segment, but for those answered
+        # without their child (a crash's truncation, the FIRST owed after it).
+        batch = self._views.time_steps(0, self.batch_size)
+        for start, k, result in zip(self._starts, self._sizes, results):
+            if result is not IN_SLOT:
+                for array, value in zip(tf.nest.flatten(batch), tf.nest.flatten(result)):
+                    array[start:start + k] = value
+        for start, k, env in zip(self._starts, self._sizes, self._envs):
+            env._record_row(batch, start if k == 1 else slice(start, start + k))   # pylint: disable=protected-access
+        return batch
 
     def close(self) -> None:
         close_subprocess_envs(self._envs)
@@ -173,10 +212,19 @@ def subprocess_env_constructor(env_constructor: Callable[[], Any], num_envs: int
       first_env_index: the first env index handed out.
       **kwargs: SubprocessEnv options (step_timeout, init_timeout,
         max_restarts, restart_window_secs, close_timeout, gin_config,
-        start_method).
+        start_method, transport) and `envs_per_process` (environments per
+        child, a divisor of `num_envs`; see SubprocessEnv).
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    k = kwargs.get("envs_per_process", 1)
+    if not isinstance(k, int) or k < 1 or num_envs % k:
+        raise ValueError(f"envs_per_process must be a positive divisor of num_envs "
+                         f"({num_envs}), got {k!r}")
+    transport = kwargs.get("transport", "shared_memory")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
+                         f"got {transport!r}")
     if "start" in kwargs or "env_index" in kwargs:
         raise TypeError("subprocess_env_constructor sets start and env_index itself")
     cloudpickle.dumps(env_constructor)  # fail now, not in the driver's env thread

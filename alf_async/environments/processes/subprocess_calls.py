@@ -15,9 +15,11 @@ The wire protocol and the child process are subprocess_protocol.py's.
 import collections
 import time
 
+import tensorflow as tf
+
 from alf_async.environments.processes import subprocess_protocol as protocol
 
-__all__ = ["InFlight", "SubprocessCalls", "SubprocessEnvClosedError", "SubprocessEnvCrashError",
+__all__ = ["IN_SLOT", "InFlight", "RowOf", "SubprocessCalls", "SubprocessEnvClosedError", "SubprocessEnvCrashError",
            "SubprocessEnvError"]
 
 
@@ -35,6 +37,17 @@ class SubprocessEnvClosedError(SubprocessEnvError):
 
 class InFlight(collections.namedtuple("InFlight", "command seq deadline failure pending")):
     """One request sent to the child (or one answered without it, pending=True)."""
+
+
+IN_SLOT = protocol.IN_SLOT   # what a raw receive returns when the time step is in the slot
+
+
+class RowOf(collections.namedtuple("RowOf", "batch row")):
+    """The time step a caller saw last, as row `row` of the batch it read (a
+    BatchedSubprocessEnv's), taken out only if a crash needs it."""
+
+    def time_step(self):
+        return tf.nest.map_structure(lambda a: a[self.row], self.batch)
 
 
 class SubprocessCalls(object):
@@ -71,8 +84,11 @@ class SubprocessCalls(object):
             self._specs()  # raises the "not initialised" error
             raise RuntimeError(f"{self._name()} is not initialised yet")
 
-    def _send(self, command, payload):
-        """Sends one request (first half of a call). Holds _io_lock until _receive()."""
+    def _send(self, command, payload, in_slot=False):
+        """Sends one request (first half of a call). Holds _io_lock until _receive().
+
+        With shared slots a step or a reset is a frame alone: the action is
+        written into the slot here, unless `in_slot` (the caller wrote it)."""
         self._check_usable()
         if not self._io_lock.acquire(blocking=False):
             raise RuntimeError(f"{self._name()} is used by two threads at once, or a "
@@ -84,7 +100,20 @@ class SubprocessCalls(object):
             self._seq += 1
             failure = None
             try:
-                self._child.send(command, self._seq, payload)  # pickling errors: the caller's
+                if self._views is not None and command in (protocol.STEP, protocol.RESET):
+                    if command == protocol.STEP:
+                        if in_slot:
+                            pass
+                        elif self._envs_per_process == 1:  # a wrong action raises
+                            self._views.write_action(self._slot, payload)   # here: the caller's
+                        else:
+                            self._views.write_actions(self._slot, payload, self._envs_per_process)
+                        tag = protocol.STEP_IN_SLOT
+                    else:
+                        tag = protocol.RESET_IN_SLOT
+                    self._child.send_frame(tag, self._seq, self._slot)
+                else:
+                    self._child.send(command, self._seq, payload)  # pickling errors: the caller's
             except protocol.ChildDied as e:
                 failure = str(e)
             self._in_flight = InFlight(command, self._seq,
@@ -93,8 +122,14 @@ class SubprocessCalls(object):
             self._io_lock.release()
             raise
 
-    def _receive(self):
-        """Waits for the reply to the request sent by _send() (second half of a call)."""
+    def _receive(self, raw=False):
+        """Waits for the reply to the request sent by _send() (second half of a call).
+
+        Args:
+            raw: for a caller that reads the slots of a whole batch itself
+                (BatchedSubprocessEnv): a time step in the slot is returned as
+                `IN_SLOT`, and the caller records it (`_record_row`).
+        """
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             raise RuntimeError(f"{self._name()}: no request in flight")
@@ -112,6 +147,12 @@ class SubprocessCalls(object):
                     failure = str(e)
             if failure is not None:
                 return self._recover(in_flight.command, failure)
+            if kind == protocol.IN_SLOT:
+                if raw:
+                    return IN_SLOT
+                if self._envs_per_process == 1:
+                    return self._record(self._views.time_step(self._slot))
+                return self._record(self._views.time_steps(self._slot, self._envs_per_process))
             if kind == protocol.ERROR:
                 raise protocol.rebuild_exception(payload, self._where())
             if in_flight.command == protocol.CALL:
@@ -128,6 +169,24 @@ class SubprocessCalls(object):
         self._last_time_step = time_step
         self._current_time_step = time_step
         return time_step
+
+    def _record_row(self, batch, row):
+        """The caller saw row `row` of `batch` (after a raw receive)."""
+        self._last_time_step = RowOf(batch, row)
+
+    def _attach(self, child):
+        """Hands `child` the shared segment and its slot (after READY); the
+        first call lays the segment out (a spec it cannot hold raises
+        TypeError in one line)."""
+        self._views = self._shared.attach(self._time_step_spec, self._action_spec)
+        self._seq += 1
+        child.send(protocol.ATTACH, self._seq, self._shared.num_slots)
+        child.send_fd(self._shared.fd)
+        kind, payload = child.wait_reply(self._seq, time.monotonic() + self._init_timeout,
+                                         protocol.ATTACH, self._init_timeout,
+                                         self._raise_if_closed)
+        if kind == protocol.ERROR:
+            raise protocol.rebuild_exception(payload, self._where())
 
     def _raise_if_closed(self):
         if self._closed:
@@ -155,7 +214,10 @@ class SubprocessCalls(object):
         self._child.shutdown(0)  # dead or hung: no graceful close
         self._raise_if_closed()
         first = self._restart(reason)
-        answer = self._recovery.recover(first, self._last_time_step,
+        last = self._last_time_step
+        if isinstance(last, RowOf):
+            last = last.time_step()
+        answer = self._recovery.recover(first, last,
                                         reset=command == protocol.RESET,
                                         answer=command != protocol.CALL)
         if command == protocol.CALL:
@@ -173,6 +235,8 @@ class SubprocessCalls(object):
                 self._child = child = self._new_child()
             try:
                 self._wait_ready(child)
+                if self._shared is not None:
+                    self._attach(child)
                 self._seq += 1
                 child.send(protocol.RESET, self._seq, None)
                 kind, payload = child.wait_reply(self._seq,

@@ -80,7 +80,7 @@ failures.
 import concurrent.futures
 import itertools
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 from tf_agents.environments import py_environment
@@ -89,6 +89,7 @@ from alf_async.environments.processes import subprocess_protocol as protocol
 from alf_async.environments.capabilities import BlockingStep, OffersRowStepper, Restartable
 from alf_async.environments.processes.env_index import current_env_index
 from alf_async.environments.processes.recovery import CrashRecovery
+from alf_async.environments.processes.shared_slots import SharedSlots
 from alf_async.environments.processes.subprocess_calls import (InFlight, SubprocessCalls,
                                                                SubprocessEnvClosedError,
                                                                SubprocessEnvCrashError,
@@ -105,6 +106,7 @@ __all__ = [
 ]
 
 _GLOBAL_ENV_INDEX = itertools.count()
+TRANSPORTS = ("shared_memory", "pipe")
 
 
 class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, BlockingStep,
@@ -134,13 +136,22 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
 
     Specs are known once the child has been initialised (``start=True``, or
     ``start()`` + ``initialize()``, or ``create_subprocess_envs``).
+
+    With ``envs_per_process=K > 1`` (or a list of K constructors) the child
+    builds K environments and this is a batched environment of batch size
+    K: each step steps the K of them in turn in the child, for one wake-up
+    of the process instead of K. A crash ends the episodes of all K rows
+    (as a Ray actor of several environments does, recovery.py); their
+    rows step together, so the driver steps such environments in lockstep,
+    not one row at a time.
     """
 
 
     def __init__(self,
-                 env_constructor: Callable[[], Any],
+                 env_constructor: Union[Callable[[], Any], Sequence[Callable[[], Any]]],
                  *,
                  env_index: Optional[int] = None,
+                 envs_per_process: int = 1,
                  step_timeout: float = 60.0,
                  init_timeout: float = 120.0,
                  max_restarts: int = 5,
@@ -148,14 +159,20 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
                  close_timeout: float = 5.0,
                  gin_config: Optional[str] = None,
                  start_method: Optional[str] = None,
+                 transport: str = "shared_memory",
+                 slots: Optional[Tuple[SharedSlots, int]] = None,
                  start: bool = True):
         """
         Args:
           env_constructor: zero-arg picklable callable returning a
             PyEnvironment or a gym / gymnasium environment; called in the
-            child (see the module docstring).
-          env_index: what ``current_env_index()`` returns in the child. Default:
-            the next value of a process-wide counter.
+            child (see the module docstring). Or a list of them, one per
+            environment of the child (then ``envs_per_process`` is its length).
+          env_index: what ``current_env_index()`` returns in the child while
+            it builds its (first) environment; the others get the next
+            indices. Default: the next value of a process-wide counter.
+          envs_per_process: environments the child builds with
+            ``env_constructor`` and steps (see the class docstring).
           step_timeout: seconds to wait for the child's answer to one
             reset/step/call before it is considered hung, killed and restarted.
           init_timeout: seconds to wait for ``env_constructor()`` to return in
@@ -168,17 +185,45 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
           gin_config: gin config text parsed in the child before the
             constructor is called. Default: ``gin.config_str()`` now; "" for none.
           start_method: multiprocessing start method; default "forkserver".
+          transport: how steps travel. "shared_memory" (the default): the
+            action and the time step are written in place in a shared
+            segment (shared_slots.py) and each side wakes the other with a
+            4-byte frame; nothing is pickled on a step. Specs must be bool,
+            integer or float arrays (others are refused at start, in one
+            line). "pipe": every request and reply is pickled over the pipe
+            (any picklable specs). Calls (`call`, `render`, ...) are pickled
+            either way.
+          slots: (SharedSlots, slot): the segment and the first of the rows
+            this environment uses, when several environments share one
+            (create_subprocess_envs); default: a segment of its own.
           start: start the child and wait for it to be initialised now. With
             False, call ``start()`` then ``initialize()``.
         """
         super().__init__(handle_auto_reset=False)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
+                             f"got {transport!r}")
         for name, value in (("step_timeout", step_timeout), ("init_timeout", init_timeout)):
             if not value or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not callable(env_constructor):
-            raise TypeError(f"env_constructor must be callable, got {env_constructor!r}")
+        if callable(env_constructor):
+            if not isinstance(envs_per_process, int) or envs_per_process < 1:
+                raise ValueError(f"envs_per_process must be a positive integer, "
+                                 f"got {envs_per_process!r}")
+            constructors = [env_constructor] * envs_per_process
+        else:
+            constructors = list(env_constructor) if isinstance(env_constructor, (list, tuple)) \
+                else [None]
+            if not constructors or not all(callable(c) for c in constructors):
+                raise TypeError(f"env_constructor must be callable or a list of callables, "
+                                f"got {env_constructor!r}")
+            if envs_per_process not in (1, len(constructors)):
+                raise ValueError(f"envs_per_process={envs_per_process!r} but "
+                                 f"{len(constructors)} constructors were given")
+            env_constructor = constructors[0] if len(constructors) == 1 else constructors
+        self._envs_per_process = len(constructors)
         try:
-            self._constructor_bytes = cloudpickle.dumps(env_constructor)
+            self._constructor_bytes = cloudpickle.dumps(constructors)
         except Exception as e:
             raise TypeError(
                 f"env constructor {env_constructor!r} cannot be pickled for the child "
@@ -189,6 +234,12 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
                                        restart_window_secs, SubprocessEnvCrashError)
         self._gin_config = protocol.current_gin_config() if gin_config is None else gin_config
         self._ctx = protocol.get_context(start_method)
+        self._shared, self._slot = None, 0
+        if transport == "shared_memory":
+            self._shared, self._slot = slots or (
+                SharedSlots(self._envs_per_process, self._name()), 0)
+            self._shared.acquire()
+        self._views = None  # the shared slots' views, once attached
         self._step_timeout = float(step_timeout)
         self._init_timeout = float(init_timeout)
         self._close_timeout = float(close_timeout)
@@ -236,6 +287,8 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
             raise RuntimeError(f"{self._name()}: call start() before initialize()")
         try:
             self._wait_ready(self._child)
+            if self._shared is not None:
+                self._attach(self._child)
         except protocol.ChildDied as e:
             self._child.shutdown(0)
             raise SubprocessEnvCrashError(
@@ -270,6 +323,19 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def batched(self) -> bool:
+        return self._envs_per_process > 1
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return self._envs_per_process if self._envs_per_process > 1 else None
+
+    @property
+    def envs_per_process(self) -> int:
+        """How many environments the child steps (the batch size, or 1)."""
+        return self._envs_per_process
+
     def observation_spec(self):
         return self._specs()[0].observation
 
@@ -293,15 +359,20 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
     def _step(self, action):
         return self.step_async(action)()
 
-    def step_async(self, action):
+    def step_async(self, action, in_slot=False):
         """Sends a step to the child and returns at once, with `receive`: a
-        zero-arg callable that waits for the time step and returns it. Call
-        it exactly once, before any other call of this environment (until
+        callable that waits for the time step and returns it. Call it
+        exactly once, before any other call of this environment (until
         then the environment counts as in use). For stepping several
-        environments concurrently (`BatchedSubprocessEnv`); unlike `step()`
-        it does not update `current_time_step()`.
+        environments concurrently (`BatchedSubprocessEnv`, `SubprocessRows`);
+        unlike `step()` it does not update `current_time_step()`.
+
+        Args:
+            action: the action (ignored if `in_slot`).
+            in_slot: the caller wrote the action into this environment's
+                shared slot already (a batch writing all its rows at once).
         """
-        self._send(protocol.STEP, action)
+        self._send(protocol.STEP, action, in_slot)
         return self._receive
 
     def reset_async(self):
@@ -331,7 +402,7 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
         one (`OffersRowStepper`): a SubprocessRows (subprocess_rows.py, no
         worker threads) when every row is a SubprocessEnv, else None (the
         driver's row workers then)."""
-        if not all(isinstance(r, SubprocessEnv) for r in rows):
+        if not all(isinstance(r, SubprocessEnv) and not r.batched for r in rows):
             return None
         from alf_async.environments.rows.subprocess_rows import SubprocessRows  # pylint: disable=import-outside-toplevel
         return SubprocessRows(rows, on_step)
@@ -363,13 +434,14 @@ def close_subprocess_envs(envs: Sequence[SubprocessEnv]):
     the others are asked to close their environments first (at most the
     largest `close_timeout`). Returns when every child has exited; any thread.
     """
-    graceful, timeout = [], 0.0
+    graceful, timeout, closing = [], 0.0, []
     for env in envs:
         with env._state_lock:
             if env._closed:
                 continue
             env._closed = True
             child = env._child
+        closing.append(env)
         if child is None:
             continue
         if env._io_lock.acquire(blocking=False):
@@ -382,20 +454,32 @@ def close_subprocess_envs(envs: Sequence[SubprocessEnv]):
     finally:
         for env, _ in graceful:
             env._io_lock.release()
+        for env in closing:
+            if env._shared is not None:
+                env._shared.release()
 
 
 def create_subprocess_envs(env_constructors: Sequence[Callable[[], Any]],
                            env_indices: Optional[Sequence[int]] = None,
+                           envs_per_process: int = 1,
                            **kwargs) -> List[SubprocessEnv]:
-    """Creates one SubprocessEnv per env constructor, built in parallel.
+    """Creates SubprocessEnvs for the env constructors, built in parallel:
+    one per constructor, or one per `envs_per_process` of them.
 
-    All children are started first (each starts building its env at once),
+    All children are started first (each starts building its envs at once),
     then all are initialised concurrently, so the total time is that of the
     slowest, not the sum. If any fails, all are closed and its error raised.
+    With shared memory (the default transport) they share one segment, one
+    row per environment in order.
 
     Args:
       env_constructors: zero-arg picklable callables (see the module docstring).
-      env_indices: env_index of each (default: the process-wide counter).
+      env_indices: env_index of each (default: the process-wide counter);
+        with `envs_per_process` > 1 a child's environments get its first's
+        index and the next ones.
+      envs_per_process: environments per child, consecutive constructors
+        (a divisor of their number); each SubprocessEnv is then a batch of
+        that many.
       **kwargs: passed to SubprocessEnv (step_timeout, max_restarts, ...).
     """
     env_constructors = list(env_constructors)
@@ -403,13 +487,23 @@ def create_subprocess_envs(env_constructors: Sequence[Callable[[], Any]],
         env_indices = [None] * len(env_constructors)
     if len(env_indices) != len(env_constructors):
         raise ValueError("env_indices and env_constructors differ in length")
+    k = envs_per_process
+    if not isinstance(k, int) or k < 1 or len(env_constructors) % k:
+        raise ValueError(f"envs_per_process must be a positive divisor of the number of "
+                         f"environments ({len(env_constructors)}), got {k!r}")
     kwargs = dict(kwargs, start=False)
     if kwargs.get("gin_config") is None:
         kwargs["gin_config"] = protocol.current_gin_config()
+    # One shared segment for them all: a batch of them reads and writes
+    # every row with one numpy copy per leaf (BatchedSubprocessEnv).
+    shared = (SharedSlots(len(env_constructors), "create_subprocess_envs")
+              if kwargs.get("transport", "shared_memory") == "shared_memory" else None)
     envs = []
     try:
-        for env_constructor, index in zip(env_constructors, env_indices):
-            env = SubprocessEnv(env_constructor, env_index=index, **kwargs)
+        for i in range(0, len(env_constructors), k):
+            slots = None if shared is None else (shared, i)
+            env = SubprocessEnv(env_constructors[i:i + k], env_index=env_indices[i],
+                                slots=slots, **kwargs)
             envs.append(env)
             env.start()
         if len(envs) == 1:

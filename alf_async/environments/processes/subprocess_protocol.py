@@ -1,20 +1,34 @@
-"""The child process of a SubprocessEnv and the wire protocol between the two.
+"""The wire protocol between a SubprocessEnv and its child process, and the
+parent's handle of the child.
 
-Parent -> child: (command, seq, payload). Child -> parent: (kind, seq,
-payload); a reply carries the seq of its request, so that a reply to an
-abandoned request can never be taken for the answer to a newer one. The
-child first sends READY (seq 0) with its specs, or ERROR with the
-exception that building the environment raised.
+Every message on the child's socket starts with a 4-byte frame
+(`FRAME`: tag, sequence number mod 256, slot). Two kinds:
 
-    command  payload                      reply
-    STEP     action                       RESULT time step | ERROR
-    RESET    None                         RESULT time step | ERROR
-    CALL     (name, args, kwargs)         RESULT value     | ERROR
-    CLOSE    None                         (the child closes its env and exits)
+- Rare messages (tag `PICKLED`) are followed by a pickle in
+  `multiprocessing.connection`'s framing (a length, then the bytes).
+  Parent -> child: (command, seq, payload); child -> parent: (kind, seq,
+  payload). A reply carries the seq of its request, so that a reply to an
+  abandoned request can never be taken for the answer to a newer one. The
+  child first sends READY (seq 0) with its specs, or ERROR with the
+  exception that building the environment raised.
+
+      command  payload                      reply
+      ATTACH   (slot, num_slots), then the  RESULT None | ERROR
+               segment's fd (SCM_RIGHTS)
+      STEP     action                       RESULT time step | ERROR
+      RESET    None                         RESULT time step | ERROR
+      CALL     (name, args, kwargs)         RESULT value     | ERROR
+      CLOSE    None                         (the child closes its env and exits)
+
+- With shared memory (shared_slots.py, after ATTACH) a step and a reset
+  are frames alone: `STEP_IN_SLOT` (the action is in the child's slot) or
+  `RESET_IN_SLOT`, answered by `RESULT_IN_SLOT` (the time step is in the
+  slot) or by a pickled ERROR. Nothing is pickled on this path: one
+  4-byte write and one read each way.
 
 An ERROR payload is the exception packed by `pack_exception` (type name,
 message, traceback); `rebuild_exception` makes it the same type again in
-the parent.
+the parent. The child's side is subprocess_child.py.
 
 Parent side: `ChildProcess` starts one child (forkserver by default, see
 subprocess_env.py for why not fork), sends requests, waits for replies with
@@ -31,8 +45,10 @@ import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.reduction
 import os
-import signal
+import select
+import struct
 import sys
 import threading
 import time
@@ -41,28 +57,67 @@ import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Optional, Sequence
 
-import cloudpickle
-
-from alf_async.environments.processes import env_index
-from alf_async.environments.suites.adapters import as_py_environment
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_START_METHOD = "forkserver"
+CHILD_MODULE = "alf_async.environments.processes.subprocess_child"
 
-STEP, RESET, CALL, CLOSE = "step", "reset", "call", "close"
+STEP, RESET, CALL, CLOSE, ATTACH = "step", "reset", "call", "close", "attach"
 READY, RESULT, ERROR = "ready", "result", "error"
 READY_SEQ = 0
+
+FRAME = struct.Struct("<BBH")    # tag, seq mod 256, slot
+PICKLED, STEP_IN_SLOT, RESET_IN_SLOT, RESULT_IN_SLOT = b"P"[0], b"S"[0], b"R"[0], b"T"[0]
+IN_SLOT = "in slot"   # the kind of a reply whose time step is in the shared slot
+_LENGTH = struct.Struct("!i")    # multiprocessing.connection's length prefix
+
+
+def write_all(fd, data):
+    """Writes every byte of `data` to `fd` (a blocking socket)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_exact(fd, size):
+    """Reads exactly `size` bytes from `fd`; EOFError if it closes first."""
+    data = os.read(fd, size)
+    while len(data) < size:
+        more = os.read(fd, size - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    if not data:
+        raise EOFError
+    return data
+
+
+def send_pickled(fd, message):
+    """Sends a rare message: its frame, then the pickle of `message`. Pickling
+    errors are raised before anything is sent."""
+    data = ForkingPickler.dumps(message)
+    write_all(fd, FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data))
+
+
+def read_frame(fd, conn):
+    """Reads one message: (tag, seq mod 256, slot, the unpickled message or None)."""
+    tag, seq, slot = FRAME.unpack(read_exact(fd, FRAME.size))
+    if tag == PICKLED:
+        return tag, seq, slot, conn.recv()
+    return tag, seq, slot, None
 
 
 # ------------------------------------------------------------- both sides
 
 
-def pack_exception(exc: BaseException) -> dict:
-    """An exception as a picklable dict (type, message, traceback)."""
+def pack_exception(exc: BaseException, with_traceback: bool = True) -> dict:
+    """An exception as a picklable dict (type, message, traceback). Without
+    the traceback, the parent raises it as one line (a refusal, such as a time
+    step that does not match its spec, not a bug in the environment's code)."""
     cls = type(exc)
-    return dict(module=cls.__module__, qualname=cls.__qualname__, message=str(exc),
-                traceback="".join(traceback.format_exception(cls, exc, exc.__traceback__)))
+    tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__)) if with_traceback else ""
+    return dict(module=cls.__module__, qualname=cls.__qualname__, message=str(exc), traceback=tb)
 
 
 def rebuild_exception(info: dict, where: str) -> Exception:
@@ -71,8 +126,11 @@ def rebuild_exception(info: dict, where: str) -> Exception:
     Falls back to RuntimeError if the type cannot be imported here or cannot be
     built from a single message argument.
     """
-    text = (f"{info['message']}\n\n--- traceback in {where} ---\n"
-            f"{info['traceback'].rstrip()}\n--- end of traceback in {where} ---")
+    if info["traceback"]:
+        text = (f"{info['message']}\n\n--- traceback in {where} ---\n"
+                f"{info['traceback'].rstrip()}\n--- end of traceback in {where} ---")
+    else:
+        text = f"{where}: {info['message']}"
     exc = None
     try:
         module = sys.modules.get(info["module"]) or importlib.import_module(info["module"])
@@ -88,84 +146,6 @@ def rebuild_exception(info: dict, where: str) -> Exception:
     except Exception:
         pass
     return exc
-
-
-# -------------------------------------------------------------- child side
-
-
-def _child_send(conn, kind, seq, payload):
-    try:
-        data = ForkingPickler.dumps((kind, seq, payload))
-    except Exception as e:  # e.g. an unpicklable observation: report, don't die
-        data = ForkingPickler.dumps((ERROR, seq, pack_exception(e)))
-    conn.send_bytes(data)
-
-
-def _watch_parent():
-    """Exit the child when the parent process dies, even if the env is stuck."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch():
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="SubprocessEnvParentWatch", daemon=True).start()
-
-
-def child_main(conn, env_constructor_bytes, gin_config, index):
-    """Entry point of a child process: build the env, then serve requests."""
-    # Ctrl-C goes to the whole process group; the parent decides what to do
-    # (close us). Without this every child would "crash" on Ctrl-C and be
-    # restarted while the program is shutting down.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent()
-    env_index.set_current_env_index(index)
-    env = None
-    try:
-        try:
-            # Imports the constructor's module first.
-            env_constructor = cloudpickle.loads(env_constructor_bytes)
-            if gin_config:
-                import gin
-                # Unknown configurables belong to the parent's other modules
-                # (trainer, driver, ...) that this process never imports.
-                gin.parse_config(gin_config, skip_unknown=True)
-            env = as_py_environment(env_constructor())
-            specs = (env.time_step_spec(), env.action_spec())
-        except Exception as e:
-            _child_send(conn, ERROR, READY_SEQ, pack_exception(e))
-            return
-        _child_send(conn, READY, READY_SEQ, specs)
-        while True:
-            try:
-                command, seq, payload = conn.recv()
-            except (EOFError, OSError):
-                return  # the parent is gone or closed the pipe
-            if command == CLOSE:
-                return
-            try:
-                if command == STEP:
-                    result = env.step(payload)
-                elif command == RESET:
-                    result = env.reset()
-                elif command == CALL:
-                    name, args, kwargs = payload
-                    result = getattr(env, name)(*args, **kwargs)
-                else:
-                    raise ValueError(f"unknown SubprocessEnv command {command!r}")
-            except Exception as e:
-                _child_send(conn, ERROR, seq, pack_exception(e))
-            else:
-                _child_send(conn, RESULT, seq, result)
-    finally:
-        if env is not None:
-            try:
-                env.close()
-            except Exception:
-                pass
-        conn.close()
 
 
 # ------------------------------------------------------------- parent side
@@ -189,8 +169,8 @@ def get_context(start_method: Optional[str]):
                 # (default ['__main__']). Has no effect if the server runs already.
                 from multiprocessing import forkserver
                 preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-                if __name__ not in preload:
-                    ctx.set_forkserver_preload(preload + [__name__])
+                if CHILD_MODULE not in preload:
+                    ctx.set_forkserver_preload(preload + [CHILD_MODULE])
     return ctx
 
 
@@ -226,7 +206,7 @@ def _shutdown_processes(owner_pid, pairs, graceful_timeout):
         if graceful_timeout > 0:
             for process, conn in pairs:
                 try:
-                    conn.send((CLOSE, -1, None))
+                    send_pickled(conn.fileno(), (CLOSE, -1, None))
                 except Exception:
                     pass
             deadline = time.monotonic() + graceful_timeout
@@ -264,7 +244,8 @@ class ChildProcess(object):
     """
 
     def __init__(self, ctx, env_constructor_bytes, gin_config, index):
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        from alf_async.environments.processes.subprocess_child import child_main  # pylint: disable=import-outside-toplevel
+        parent_conn, child_conn = ctx.Pipe(duplex=True)   # a socket pair: it carries fds too
         process = ctx.Process(target=child_main, name=f"SubprocessEnv-{index}",
                               args=(child_conn, env_constructor_bytes, gin_config, index),
                               daemon=True)
@@ -278,20 +259,41 @@ class ChildProcess(object):
             child_conn.close()  # so that our end sees EOF when the child dies
         self.process = process
         self.conn = parent_conn
+        self.fd = parent_conn.fileno()
         self.pid = process.pid
+        # One poll set over the pipe and the process's sentinel, made once:
+        # a wait is then one system call.
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._poll.register(process.sentinel, select.POLLIN)
         self._finalizer = weakref.finalize(self, _reap, os.getpid(), process, parent_conn, 1.0)
 
     def send(self, command, seq, payload):
-        """Sends one request; raises ChildDied if the pipe is broken. An
-        unpicklable payload raises its pickling error (nothing was sent)."""
+        """Sends one pickled request; raises ChildDied if the pipe is broken.
+        An unpicklable payload raises its pickling error (nothing was sent)."""
         data = ForkingPickler.dumps((command, seq, payload))
         try:
-            self.conn.send_bytes(data)
+            write_all(self.fd, FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data))
         except (OSError, ValueError) as e:
             raise ChildDied(f"sending {command!r} to pid {self.pid} failed ({e!r})") from None
 
+    def send_frame(self, tag, seq, slot):
+        """Sends a request that is a frame alone (`STEP_IN_SLOT`, `RESET_IN_SLOT`)."""
+        try:
+            os.write(self.fd, FRAME.pack(tag, seq & 0xFF, slot))
+        except (OSError, ValueError) as e:
+            raise ChildDied(f"sending a step to pid {self.pid} failed ({e!r})") from None
+
+    def send_fd(self, fd):
+        """Hands the child a file descriptor (SCM_RIGHTS); ChildDied if the pipe broke."""
+        try:
+            multiprocessing.reduction.send_handle(self.conn, fd, self.pid)
+        except (OSError, ValueError) as e:
+            raise ChildDied(f"sending a descriptor to pid {self.pid} failed ({e!r})") from None
+
     def wait_reply(self, seq, deadline, what, timeout_secs, interrupted):
-        """Returns (kind, payload) of the reply numbered `seq`.
+        """Returns (kind, payload) of the reply numbered `seq`; kind `IN_SLOT`
+        (payload None) when the time step is in the shared slot.
 
         Args:
             seq: the request's number.
@@ -304,34 +306,38 @@ class ChildProcess(object):
         Raises:
             ChildDied: the child exited, hung past the deadline, or its pipe broke.
         """
-        conn, sentinel = self.conn, self.process.sentinel
+        fd = self.fd
         while True:
             interrupted()
             try:
-                # The reply is often there already (SubprocessRows waited for
-                # it): one poll of one pipe, not a selector over two.
-                waiting = not conn.poll(0)
-                remaining = deadline - time.monotonic()
-                if waiting and remaining <= 0:
-                    raise ChildDied(f"pid {self.pid} did not answer {what!r} within "
-                                    f"{timeout_secs:g} s (hung)")
-                ready = (multiprocessing.connection.wait([conn, sentinel], timeout=remaining)
-                         if waiting else [conn])
+                events = self._poll.poll(0)
+                if not events:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ChildDied(f"pid {self.pid} did not answer {what!r} within "
+                                        f"{timeout_secs:g} s (hung)")
+                    events = self._poll.poll(max(1, int(remaining * 1000 + 0.999)))
             except (OSError, ValueError) as e:  # our handles were closed under us
                 interrupted()
                 raise ChildDied(f"waiting for pid {self.pid} failed ({e!r})") from None
             interrupted()
-            if not ready:
+            if not events:
                 continue
-            if conn in ready or conn.poll(0):  # read what it wrote, even if it then died
+            if any(f == fd for f, _ in events) or self.conn.poll(0):
+                # Read what it wrote, even if it then died.
                 try:
-                    kind, reply_seq, payload = conn.recv()
-                except (EOFError, OSError) as e:
+                    tag, short_seq, _, message = read_frame(fd, self.conn)
+                except (EOFError, OSError, ValueError) as e:
                     raise ChildDied(f"the pipe to pid {self.pid} broke during {what!r} "
                                     f"({type(e).__name__})") from None
+                if tag == RESULT_IN_SLOT:
+                    if short_seq == seq & 0xFF:
+                        return IN_SLOT, None
+                    continue  # a late reply to an abandoned request
+                kind, reply_seq, payload = message
                 if reply_seq == seq:
                     return kind, payload
-                continue  # a late reply to an abandoned request
+                continue
             raise ChildDied(f"pid {self.pid} exited (exit code {self.process.exitcode}) "
                             f"during {what!r}")
 
