@@ -35,7 +35,7 @@ _EXPORTS = {
     "as_py_environment": "suites.adapters",
     "SubprocessEnv": "processes.subprocess_env",
     "BatchedSubprocessEnv": "processes.subprocess_batched",
-    "create_subprocess_envs": "processes.subprocess_env",
+    "create_subprocess_envs": "processes.subprocess_batched",
     "close_subprocess_envs": "processes.subprocess_env",
     "subprocess_env_constructor": "processes.subprocess_batched",
     "SubprocessEnvError": "processes.subprocess_env",

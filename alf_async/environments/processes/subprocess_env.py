@@ -9,8 +9,9 @@ Public API
     without stopping training; the episode in flight ends as a truncation
     (see `SubprocessEnv`).
 ``create_subprocess_envs(env_constructors, ...)``
-    Starts all children first, then waits for all of them to initialise
-    concurrently: N environments that each take 1 s to build are ready in ~1 s.
+    (subprocess_batched.py) Starts all children first, then waits for all
+    of them to initialise concurrently: N environments that each take a
+    second to build are ready in about a second.
 ``close_subprocess_envs(envs)``
     Closes several, waiting for their children together.
 ``BatchedSubprocessEnv(envs)``, ``subprocess_env_constructor(env_constructor, num_envs)``
@@ -77,10 +78,9 @@ and at interpreter exit (``weakref.finalize``), also after restarts and
 failures.
 """
 
-import concurrent.futures
 import itertools
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 from tf_agents.environments import py_environment
@@ -101,7 +101,6 @@ __all__ = [
     "SubprocessEnvCrashError",
     "SubprocessEnvError",
     "close_subprocess_envs",
-    "create_subprocess_envs",
     "current_env_index",
 ]
 
@@ -457,67 +456,3 @@ def close_subprocess_envs(envs: Sequence[SubprocessEnv]):
         for env in closing:
             if env._shared is not None:
                 env._shared.release()
-
-
-def create_subprocess_envs(env_constructors: Sequence[Callable[[], Any]],
-                           env_indices: Optional[Sequence[int]] = None,
-                           envs_per_process: int = 1,
-                           **kwargs) -> List[SubprocessEnv]:
-    """Creates SubprocessEnvs for the env constructors, built in parallel:
-    one per constructor, or one per `envs_per_process` of them.
-
-    All children are started first (each starts building its envs at once),
-    then all are initialised concurrently, so the total time is that of the
-    slowest, not the sum. If any fails, all are closed and its error raised.
-    With shared memory (the default transport) they share one segment, one
-    row per environment in order.
-
-    Args:
-      env_constructors: zero-arg picklable callables (see the module docstring).
-      env_indices: env_index of each (default: the process-wide counter);
-        with `envs_per_process` > 1 a child's environments get its first's
-        index and the next ones.
-      envs_per_process: environments per child, consecutive constructors
-        (a divisor of their number); each SubprocessEnv is then a batch of
-        that many.
-      **kwargs: passed to SubprocessEnv (step_timeout, max_restarts, ...).
-    """
-    env_constructors = list(env_constructors)
-    if env_indices is None:
-        env_indices = [None] * len(env_constructors)
-    if len(env_indices) != len(env_constructors):
-        raise ValueError("env_indices and env_constructors differ in length")
-    k = envs_per_process
-    if not isinstance(k, int) or k < 1 or len(env_constructors) % k:
-        raise ValueError(f"envs_per_process must be a positive divisor of the number of "
-                         f"environments ({len(env_constructors)}), got {k!r}")
-    kwargs = dict(kwargs, start=False)
-    if kwargs.get("gin_config") is None:
-        kwargs["gin_config"] = protocol.current_gin_config()
-    # One shared segment for them all: a batch of them reads and writes
-    # every row with one numpy copy per leaf (BatchedSubprocessEnv).
-    shared = (SharedSlots(len(env_constructors), "create_subprocess_envs")
-              if kwargs.get("transport", "shared_memory") == "shared_memory" else None)
-    envs = []
-    try:
-        for i in range(0, len(env_constructors), k):
-            slots = None if shared is None else (shared, i)
-            env = SubprocessEnv(env_constructors[i:i + k], env_index=env_indices[i],
-                                slots=slots, **kwargs)
-            envs.append(env)
-            env.start()
-        if len(envs) == 1:
-            envs[0].initialize()
-        elif envs:
-            with concurrent.futures.ThreadPoolExecutor(
-                    len(envs), thread_name_prefix="SubprocessEnvInit") as pool:
-                futures = [pool.submit(env.initialize) for env in envs]
-                for future in futures:  # all finish (init_timeout bounds each)
-                    future.exception()
-            for future in futures:
-                if future.exception() is not None:
-                    raise future.exception()
-    except BaseException:
-        close_subprocess_envs(envs)
-        raise
-    return envs

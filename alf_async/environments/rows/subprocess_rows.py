@@ -53,6 +53,9 @@ class SubprocessRows(RowStepper):
         self._deadline = [None] * len(self._envs)  # row -> when its child counts as hung
         self._fd_row = {}    # fd of a pipe with a reply awaited -> row
         self._row_fd = [None] * len(self._envs)    # row -> that fd, or None
+        # Pipes stay in the epoll set between steps (no register/unregister
+        # per step): row -> the connection registered for it.
+        self._registered = [None] * len(self._envs)
         self._now = []       # rows whose reply needs no wait (or whose send failed)
         self._failed = {}    # row -> the error its send raised
         self._poll = select.epoll()
@@ -80,7 +83,13 @@ class SubprocessRows(RowStepper):
         rows, self._now = self._now, []
         if not rows and self._fd_row:
             events = self._poll.poll(timeout)
-            rows = [self._fd_row[fd] for fd, _ in events if fd in self._fd_row]
+            rows = []
+            for fd, _ in events:
+                row = self._fd_row.get(fd)
+                if row is not None:
+                    rows.append(row)
+                else:   # a pipe with no reply awaited (its child died): stop watching it
+                    self._drop_fd(fd)
         elif not rows:
             time.sleep(timeout)  # nothing in flight: as a queue with nothing to come
         now = time.monotonic()
@@ -120,15 +129,26 @@ class SubprocessRows(RowStepper):
             return
         conn, self._deadline[row] = waitable
         fd = conn.fileno()
-        self._poll.register(fd, select.EPOLLIN)
+        if self._registered[row] is not conn:   # first step, or a restarted child
+            self._drop_fd(fd)   # the fd number of a closed pipe may be reused
+            self._poll.register(fd, select.EPOLLIN)
+            self._registered[row] = conn
         self._fd_row[fd] = row
         self._row_fd[row] = fd
 
     def _unwatch(self, fd):
+        """The reply on `fd` is taken: it stays registered for the next step."""
         self._row_fd[self._fd_row.pop(fd)] = None
+
+    def _drop_fd(self, fd):
+        for row, conn in enumerate(self._registered):
+            if conn is None:
+                continue
+            if conn.closed or conn.fileno() == fd:
+                self._registered[row] = None
         try:
             self._poll.unregister(fd)
-        except (OSError, ValueError):  # closed under us by the driver's stop
+        except (OSError, ValueError):  # not registered, or closed under us
             pass
 
     def _take(self, row):
