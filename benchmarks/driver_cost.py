@@ -15,16 +15,27 @@ Python. Each path runs `--rows` environment rows:
                 thread, stepped in its graph loop with no
                 step token (the step frees the GIL)
     subprocess  rows in child processes (SubprocessEnv)     DynamicStepDriver, same children
+                over its default transport (shared memory)
+    subprocess_pipe                                         DynamicStepDriver, same children
+                the same over transport='pipe' (pickled
+                messages on pipes), to compare the two
     external    ExternalEnv slots, one client thread each   (none: its clients drive it)
 
 alf_async runs in each of `--layouts` (env threads x rows, each with one
 actor thread and with none: `num_actor_queues=0`); its learner only
 dequeues. Rows paths also print the bare-thread ceiling: one Python thread
 per row stepping its environment (in process, or its child) with no TF.
-Rounds alternate the sides.
+The subprocess paths also print "bare processes", the ceiling of the
+layer: one child process per row stepping its environment alone in a loop,
+a fixed action, no driver and nothing from the parent per step
+(benchmarks/bare_processes.py). Rounds alternate the sides.
 
 Per env step, medians of the rounds:
 - cpu_us: CPU of the whole process and its children (benchmarks/usage.py);
+- parent_us, children_us: its two parts, the driver's process's and its
+  child processes'. One process's CPU bounds what it can feed on any number
+  of cores: for each alf_async side the table prints that per-process
+  ceiling, 1e6 / parent_us steps/s (proc_max/s);
 - own_us: cpu_us less that of the environment layer alone (lockstep's
   batch stepped in a Python loop, no TF): the collector's own CPU;
 - cs: context switches, likewise;
@@ -39,7 +50,7 @@ Per env step, medians of the rounds:
   switches.
 
     python benchmarks/driver_cost.py [--paths graph rows envpool envpool_lockstep
-        subprocess external]
+        subprocess subprocess_pipe external]
         [--rows 16] [--layouts 1x16 2x8] [--rounds 3] [--seconds 3] [--json out.json]
 """
 
@@ -51,83 +62,13 @@ import sys
 import threading
 
 import host_info  # benchmarks/ is this script's directory
-from alf_async.testing.bench.graph_ops import body_ops, graph_ops, graph_ops_per_step
+from alf_async.testing.bench.graph_ops import body_ops, graph_ops_per_step
+from driver_counts import (Counter, count_driver_parts, count_env_steps, patch_eager_queue_ops,
+                           python_entries)
 
-PATHS = ("graph", "rows", "envpool", "envpool_lockstep", "subprocess", "external")
-
-
-# ------------------------------------------------------------------ counting
-
-class Counter(object):
-    """Thread-safe counts of the calls the patches below see."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.counts = collections.Counter()
-
-    def add(self, what, n=1):
-        with self._lock:
-            self.counts[what] += n
-
-    def wrap(self, what, fn, ops=1):
-        def counted(*args, **kwargs):
-            self.add(what)
-            if what.startswith("eager"):
-                self.add("eager_ops", ops)
-            return fn(*args, **kwargs)
-        return counted
-
-
-def patch_eager_queue_ops(counter):
-    """Counts, process-wide, the eager queue ops the Python loops call;
-    returns an undo."""
-    import tensorflow as tf   # pylint: disable=import-outside-toplevel
-    saved = []
-    for name in ("QueueEnqueueV2", "QueueDequeueV2", "QueueEnqueueManyV2"):
-        saved.append((tf.raw_ops, name, getattr(tf.raw_ops, name)))
-        setattr(tf.raw_ops, name, counter.wrap("eager_" + name, getattr(tf.raw_ops, name)))
-
-    def undo():
-        for owner, name, value in saved:
-            setattr(owner, name, value)
-    return undo
-
-
-def count_env_steps(tf_env, counter):
-    """Counts the Python steps of `tf_env`: its rows' where the driver steps
-    them one by one (a worker thread's or a stepper's), else the batch's
-    (a numpy_function's callback)."""
-    from alf_async.driver import env_rows   # pylint: disable=import-outside-toplevel
-    rows = env_rows.row_envs(tf_env)
-    if isinstance(rows, list):
-        for env in rows:
-            env.step = counter.wrap("row_step", env.step)
-    elif rows is not None:    # a RowStepping batch (EnvPool): its receives
-        make = rows.make_row_stepper
-
-        def counted_stepper(on_rows):
-            stepper = make(on_rows)
-            stepper.recv = counter.wrap("stepper_recv", stepper.recv)
-            return stepper
-        rows.make_row_stepper = counted_stepper
-    elif getattr(tf_env, "pyenv", None) is not None:
-        tf_env.pyenv.step = counter.wrap("numpy_function", tf_env.pyenv.step)
-
-
-def count_driver_parts(driver, counter):
-    """Counts the own-action calls (and their graph's ops) and the Python
-    steps of `driver`'s env threads (before it starts)."""
-    for t in driver._env_threads:   # pylint: disable=protected-access
-        own = t._own_action   # pylint: disable=protected-access
-        if own is not None:
-            ops = sum(graph_ops(own).values())
-            t._own_action = counter.wrap("eager_own_action", own, ops=ops)  # pylint: disable=protected-access
-        count_env_steps(t._env, counter)   # pylint: disable=protected-access
-
-
-def python_entries(counts):
-    """The counted entries into Python (see the module docstring)."""
-    return sum(n for what, n in counts.items() if what != "eager_ops")
+PATHS = ("graph", "rows", "envpool", "envpool_lockstep", "subprocess", "subprocess_pipe",
+         "external")
+SUBPROCESS_PATHS = ("subprocess", "subprocess_pipe")
 
 
 # ------------------------------------------------------------------ the paths
@@ -156,6 +97,8 @@ def make_policy(tf_env):
 def constructors(path, episode_length=200):
     """(alf_async's env constructor(batch size), lockstep's TFEnvironment
     constructor(batch size), bare-thread row constructor or None)."""
+    if path in SUBPROCESS_PATHS:
+        return subprocess_constructors(path, episode_length)[:3]
     from alf_async.testing.envs import (BlockingCountingEnv, CountingEnv,   # pylint: disable=import-outside-toplevel
                                         CountingEnvConstructor)
     if path in ("graph", "rows"):
@@ -173,15 +116,23 @@ def constructors(path, episode_length=200):
                                               stepping=stepping)),
                 (lambda b: suite_envpool.load("CartPole-v1", batch_size=b, seed=0,
                                               stepping="lockstep")), None)
-    if path == "subprocess":
-        import functools   # pylint: disable=import-outside-toplevel
-        from alf_async.environments import subprocess_env_constructor  # pylint: disable=import-outside-toplevel
-        one = functools.partial(CountingEnv, episode_length=episode_length)
-        from alf_async.environments.processes.subprocess_env import SubprocessEnv  # pylint: disable=import-outside-toplevel
-        return ((lambda b: subprocess_env_constructor(one, num_envs=b)()),
-                (lambda b: subprocess_env_constructor(one, num_envs=b)()),
-                lambda: SubprocessEnv(one))
     raise ValueError(path)
+
+
+def subprocess_constructors(path, episode_length=200):
+    """`constructors` of a subprocess path, plus the constructor each bare
+    process calls in its child: (alf_async's, lockstep's, bare thread's row,
+    bare process's env)."""
+    import functools   # pylint: disable=import-outside-toplevel
+    from alf_async.environments import subprocess_env_constructor  # pylint: disable=import-outside-toplevel
+    from alf_async.environments.processes.subprocess_env import SubprocessEnv  # pylint: disable=import-outside-toplevel
+    from alf_async.testing.envs import CountingEnv   # pylint: disable=import-outside-toplevel
+    one = functools.partial(CountingEnv, episode_length=episode_length)
+    # The default transport on `subprocess`; the pickled pipes on `subprocess_pipe`.
+    transport = dict(transport="pipe") if path == "subprocess_pipe" else {}
+    return ((lambda b: subprocess_env_constructor(one, num_envs=b, **transport)()),
+            (lambda b: subprocess_env_constructor(one, num_envs=b, **transport)()),
+            lambda: SubprocessEnv(one, **transport), one)
 
 
 def alf_round(path, layout, queues, seconds, unroll_length):
@@ -367,9 +318,29 @@ def ceiling_round(path, rows, seconds):
     return result
 
 
+def bare_processes_round(path, rows, seconds):
+    """One child process per row stepping its environment alone, a fixed
+    action, no driver, nothing from the parent per step: the ceiling of the
+    child-process layer (benchmarks/bare_processes.py)."""
+    import bare_processes   # pylint: disable=import-outside-toplevel
+    one = subprocess_constructors(path)[3]
+    result = bare_processes.measure([one] * rows, seconds)
+    result["tf_ops"] = 0.0
+    result["py_entries"] = 0.0
+    return result
+
+
 # ------------------------------------------------------------------ the table
 
-FIELDS = ("rate", "cpu_us", "cs", "tf_ops", "py_entries")
+FIELDS = ("rate", "cpu_us", "parent_us", "children_us", "cs", "tf_ops", "py_entries")
+
+
+def split_cpu(result):
+    """`result` (a Usage.per_step with counts) with the driver's process's
+    CPU per env step (`parent_us`) and its children's (`children_us`)."""
+    result["parent_us"] = result["parent_cpu_us"]
+    result["children_us"] = result["children_cpu_us"]
+    return result
 
 
 def medians(rounds):
@@ -400,8 +371,11 @@ def main():
         if path != "external":
             sides["environment alone"] = lambda p=path: env_alone_round(p, args.rows,
                                                                         args.seconds)
-        if path in ("rows", "subprocess"):
+        if path in ("rows",) + SUBPROCESS_PATHS:
             sides["bare threads"] = lambda p=path: ceiling_round(p, args.rows, args.seconds)
+        if path in SUBPROCESS_PATHS:
+            sides["bare processes"] = lambda p=path: bare_processes_round(p, args.rows,
+                                                                          args.seconds)
         for t, b in layouts:
             for queues in (1, 0):
                 name = f"alf_async {t}x{b}, " + ("1 actor" if queues else "acting itself")
@@ -410,16 +384,19 @@ def main():
         rounds = collections.defaultdict(list)
         for r in range(args.rounds):
             for name, run in sides.items():
-                rounds[name].append(run())
+                rounds[name].append(split_cpu(run()))
                 print(f"  {path} round {r + 1} {name}: " + " ".join(
                     f"{f}={rounds[name][-1][f]:.3g}" for f in FIELDS), flush=True)
         table[path] = {name: dict(medians(rs), rounds=rs) for name, rs in rounds.items()}
     machine = host_info.host()
     print(f"\nper env step, medians of {args.rounds} rounds; {host_info.describe(machine)}")
-    print("own_us: cpu_us less the environment alone's; own/lockstep: its ratio to "
-          "lockstep's own_us")
-    print(f"{'path':<17}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'own_us':>8}{'cs':>7}"
-          f"{'tf_ops':>8}{'py_entries':>11}{'own/lockstep':>13}")
+    print("cpu_us = parent_us (the driver's process) + children_us (its child processes); "
+          "own_us: cpu_us less the environment alone's; own/lockstep: its ratio to "
+          "lockstep's own_us;\nproc_max/s: 1e6 / parent_us, the steps/s one driver process "
+          "can feed at most (alf_async sides)")
+    print(f"{'path':<17}{'side':<32}{'steps/s':>9}{'cpu_us':>8}{'parent_us':>10}"
+          f"{'children_us':>12}{'own_us':>8}{'cs':>7}{'tf_ops':>8}{'py_entries':>11}"
+          f"{'own/lockstep':>13}{'proc_max/s':>11}")
     for path, sides in table.items():
         alone = sides.get("environment alone")
         for name, m in sides.items():
@@ -429,8 +406,14 @@ def main():
             own = "-" if m["own_us"] is None else f"{m['own_us']:.1f}"
             ratio = (f"{m['own_us'] / base['own_us']:.2f}x"
                      if base and m["own_us"] is not None and base["own_us"] > 0 else "-")
-            print(f"{path:<17}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}{own:>8}"
-                  f"{m['cs']:>7.2f}{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}")
+            ceiling = (f"{1e6 / m['parent_us']:,.0f}"
+                       if name.startswith("alf_async") and m["parent_us"] > 0 else "-")
+            if ceiling != "-":
+                m["proc_max_rate"] = 1e6 / m["parent_us"]
+            print(f"{path:<17}{name:<32}{m['rate']:>9,.0f}{m['cpu_us']:>8.1f}"
+                  f"{m['parent_us']:>10.1f}{m['children_us']:>12.1f}{own:>8}"
+                  f"{m['cs']:>7.2f}{m['tf_ops']:>8.1f}{m['py_entries']:>11.3f}{ratio:>13}"
+                  f"{ceiling:>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(host=machine, args=vars(args), table=table), f, indent=1)

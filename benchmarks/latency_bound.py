@@ -26,18 +26,33 @@ With --processes every environment runs in a child process on both sides:
   lockstep   DynamicStepDriver over TFPyEnvironment(ParallelPyEnvironment(
              N constructors)): tf-agents' own child processes, each batch
              step waits for the slowest.
+  lockstep threads
+             the in-process lockstep above (BatchedPyEnvironment,
+             multithreading=True, under DynamicStepDriver), a second
+             baseline: --baselines parallel threads (the default with
+             --processes) runs both, the first named is "vs lockstep".
   alf_async  --layouts env threads x envs over subprocess_env_constructor
-             (SubprocessEnv children): each env thread waits on its rows'
-             pipes at once and steps whichever rows are ready, with no worker
-             thread per row (subprocess_rows.py).
+             (SubprocessEnv children, --transport: shared_memory, the
+             default, or pipe, the pickled pipes): each env thread waits on
+             its rows' children at once and steps whichever rows are ready,
+             with no worker thread per row (subprocess_rows.py).
   ceiling    no policy and no TF: one Python loop stepping N SubprocessEnvs
-             with a fixed action, whichever are ready (one epoll set).
+             (--transport) with a fixed action, whichever are ready (one
+             epoll set).
+  bare processes
+             N child processes, each stepping its environment alone in a
+             loop with a fixed action: no driver and nothing from the parent
+             per step, the ceiling of the processes themselves
+             (bare_processes.py); steps/s = their total steps / seconds.
 
 Same process, alternating rounds, the same DQN collect policy (QNetwork
 64x64); the driver's learner only dequeues. Prints steps/s, CPU us and
-context switches per env step (whole process), the ratio to lockstep and
-the fractions of the bound and of the ceiling. TF's thread pools are
-process-wide, so --intra_op_threads/--inter_op_threads apply to both sides.
+context switches per env step (the process and its children), the ratio to
+lockstep and the fractions of the bound and of the ceiling. With
+--processes a second table gives each collector's ratio to each baseline,
+its fraction of bare processes, and its CPU per env step split into the
+driver's process's and its children's. TF's thread pools are process-wide,
+so --intra_op_threads/--inter_op_threads apply to every side.
 
 --round_trip adds, for each alf_async layout, where its env threads' time
 goes per env step (the medians of the rounds): sending requests (the
@@ -52,7 +67,7 @@ when a batched reply wakes a row's worker against one woken alone.
     python benchmarks/latency_bound.py [--num_envs 32] [--mean_ms 1]
         [--dist exp|const|lognormal] [--layouts 1x32 2x16 4x8 1x32:0] [--rounds 3]
         [--seconds 5] [--intra_op_threads 0] [--inter_op_threads 0] [--processes]
-        [--round_trip]
+        [--baselines parallel threads] [--transport shared_memory|pipe] [--round_trip]
 """
 
 import argparse
@@ -76,8 +91,8 @@ from alf_async import AsyncOffPolicyDriver
 from alf_async.environments import (close_subprocess_envs, create_subprocess_envs,
                                     subprocess_env_constructor)
 from alf_async.testing.policies import dqn_collect_policy
-from usage import (Usage, measure_driver, measure_dynamic_step_driver,  # benchmarks/ is this script's directory
-                   parse_layout)
+import bare_processes  # benchmarks/ is this script's directory
+from usage import Usage, measure_driver, measure_dynamic_step_driver, parse_layout
 
 ENV = "CartPole-v0"
 
@@ -117,9 +132,21 @@ def slow_envs(seeds, mean_secs, dist):
         batched_py_environment.BatchedPyEnvironment(envs, multithreading=len(envs) > 1))
 
 
-def lockstep_round(policy, args, seconds):
+BASELINES = {"parallel": "lockstep", "threads": "lockstep threads"}
+
+
+def baseline_names(args):
+    """The lockstep sides' names in --baselines order: "lockstep" is
+    ParallelPyEnvironment with --processes and the in-process lockstep
+    without; with --processes the in-process one is "lockstep threads"."""
+    if not args.processes:
+        return ["lockstep"]
+    return list(dict.fromkeys(BASELINES[b] for b in args.baselines))
+
+
+def lockstep_round(policy, args, seconds, name="lockstep"):
     seeds = range(args.num_envs)
-    if args.processes:
+    if args.processes and name == "lockstep":
         env = tf_py_environment.TFPyEnvironment(parallel_py_environment.ParallelPyEnvironment(
             [functools.partial(slow_env, s, args.mean_ms / 1000, args.dist) for s in seeds],
             start_serially=False))
@@ -138,7 +165,7 @@ def async_round(policy, args, layout, seconds):
         # numbers them 10_000, 10_001, ...
         env_constructor = subprocess_env_constructor(
             functools.partial(seeded_slow_env, mean_secs=args.mean_ms / 1000, dist=args.dist),
-            num_envs=per_thread, first_env_index=10_000)
+            num_envs=per_thread, first_env_index=10_000, transport=args.transport)
     else:
         seeds = iter(range(10_000, 20_000))
 
@@ -285,7 +312,7 @@ def process_ceiling_round(args, seconds):
     its reply is in (one epoll set over the pipes), a fixed action, no TF."""
     envs = create_subprocess_envs([
         functools.partial(slow_env, s, args.mean_ms / 1000, args.dist)
-        for s in range(20_000, 20_000 + args.num_envs)])
+        for s in range(20_000, 20_000 + args.num_envs)], transport=args.transport)
     poll, receive, row_of = select.epoll(), {}, {}
     action = np.zeros(envs[0].action_spec().shape, envs[0].action_spec().dtype)
 
@@ -315,6 +342,32 @@ def process_ceiling_round(args, seconds):
     return result
 
 
+def bare_processes_round(args, seconds):
+    """N child processes, each stepping its environment alone (see the
+    module docstring)."""
+    return bare_processes.measure([
+        functools.partial(slow_env, s, args.mean_ms / 1000, args.dist)
+        for s in range(30_000, 30_000 + args.num_envs)], seconds)
+
+
+def print_processes_table(names, bases, rows):
+    """The --processes table (see the module docstring): per collector, the
+    medians of the rounds, ratios per round."""
+    bare = statistics.median(x["rate"] for x in rows["bare processes"])
+    print(f"\nbare processes: {bare:.0f} steps/s; CPU us per env step, the driver's process "
+          f"(parent) and its child processes (children)")
+    print(f"{'collector':22s} {'steps/s':>9s}" + "".join(f" {'vs ' + b:>19s}" for b in bases) +
+          f" {'of bare processes':>17s} {'parent us':>9s} {'children us':>11s}")
+    for name in names:
+        med = {k: statistics.median(x[k] for x in rows[name])
+               for k in ("rate", "parent_cpu_us", "children_cpu_us")}
+        ratios = [statistics.median(a["rate"] / b["rate"] for a, b in zip(rows[name], rows[base]))
+                  for base in bases]
+        print(f"{name:22s} {med['rate']:9.0f}" + "".join(f" {r:18.2f}x" for r in ratios) +
+              f" {med['rate'] / bare:17.0%} {med['parent_cpu_us']:9.1f} "
+              f"{med['children_cpu_us']:11.1f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_envs", type=int, default=32)
@@ -327,9 +380,20 @@ def main():
     parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TF's default")
     parser.add_argument("--processes", action="store_true",
                         help="every environment in a child process, on both sides")
+    parser.add_argument("--baselines", nargs="+", choices=sorted(BASELINES), default=None,
+                        help="with --processes, the lockstep sides: ParallelPyEnvironment "
+                             "(lockstep) and the in-process one (lockstep threads); default both")
+    parser.add_argument("--transport", choices=["shared_memory", "pipe"],
+                        default="shared_memory",
+                        help="with --processes, SubprocessEnv's transport on the alf_async "
+                             "and ceiling sides")
     parser.add_argument("--round_trip", action="store_true",
                         help="where the env threads' time goes (see the module docstring)")
     args = parser.parse_args()
+    if args.baselines is None:
+        args.baselines = ["parallel", "threads"] if args.processes else ["threads"]
+    elif not args.processes and args.baselines != ["threads"]:
+        parser.error("--baselines other than threads need --processes")
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     layouts = [parse_layout(x) for x in args.layouts]
@@ -338,12 +402,18 @@ def main():
             parser.error(f"layout {threads}x{per_thread} is not {args.num_envs} environments")
     bound = args.num_envs / (args.mean_ms / 1000)
     policy = dqn_collect_policy(tf_py_environment.TFPyEnvironment(suite_gym.load(ENV)))
-    names = ["lockstep"] + [f"alf_async {x}" for x in args.layouts] + ["ceiling"]
+    bases = baseline_names(args)
+    layout_names = [f"alf_async {x}" for x in args.layouts]
+    ceilings = ["ceiling"] + (["bare processes"] if args.processes else [])
+    names = bases + layout_names + ceilings
     rows = {name: [] for name in names}
     for r in range(args.rounds):
-        rows["lockstep"].append(lockstep_round(policy, args, args.seconds))
+        for name in bases:
+            rows[name].append(lockstep_round(policy, args, args.seconds, name))
         rows["ceiling"].append(ceiling_round(args, args.seconds))
-        for name, layout in zip(names[1:-1], layouts):
+        if args.processes:
+            rows["bare processes"].append(bare_processes_round(args, args.seconds))
+        for name, layout in zip(layout_names, layouts):
             rows[name].append(async_round(policy, args, layout, args.seconds))
         print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]['rate']:.0f}" for n, v in rows.items()),
               flush=True)
@@ -351,20 +421,23 @@ def main():
     print(f"\n{args.num_envs} envs{' in child processes' if args.processes else ''}, "
           f"{args.dist} latency of mean {args.mean_ms} ms: "
           f"bound {bound:.0f} steps/s; TF threads intra {args.intra_op_threads or 'default'}, "
-          f"inter {args.inter_op_threads or 'default'}")
+          f"inter {args.inter_op_threads or 'default'}"
+          + (f"; transport {args.transport}" if args.processes else ""))
     print(f"{'collector':22s} {'steps/s':>9s} {'vs lockstep':>11s} {'of bound':>9s} "
           f"{'of ceiling':>10s} {'CPU us/step':>11s} {'cs/step':>8s} {'batch':>6s}")
     for name in names:
         med = {k: statistics.median(x[k] for x in rows[name])
                for k in rows[name][0] if k != "probe"}
         ratio = statistics.median(a["rate"] / b["rate"]
-                                  for a, b in zip(rows[name], rows["lockstep"]))
+                                  for a, b in zip(rows[name], rows[bases[0]]))
         print(f"{name:22s} {med['rate']:9.0f} {ratio:10.2f}x {med['rate'] / bound:8.0%} "
               f"{med['rate'] / ceiling:9.0%} {med['cpu_us']:11.1f} {med['cs']:8.2f} {med.get('batch', 0):6.1f}")
+    if args.processes:
+        print_processes_table(names, bases, rows)
     if args.round_trip:
-        print_round_trip(names[1:-1], layouts, rows, policy)
+        print_round_trip(layout_names, layouts, rows, policy)
         if not args.processes:
-            print_row_workers(names[1:], rows)
+            print_row_workers(layout_names + ["ceiling"], rows)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ so the figures include the env, actor, log and TF threads. Environments in
 child processes (SubprocessEnv, tf-agents' ParallelPyEnvironment) do their
 work there, so the live descendants' CPU and context switches are added
 (read from /proc at the start and the end; a child that starts or exits in
-between counts only from or until then).
+between counts only from or until then). `Usage.per_step` gives both the
+sum and its two parts: this process's (the driver's, which bounds what one
+process can feed) and its descendants'.
 """
 
 import glob
@@ -67,18 +69,29 @@ class Usage(object):
         return time.perf_counter() - self._start[0]
 
     def per_step(self, steps):
-        """dict(rate=steps/s, cpu_us=CPU us per step, cs=context switches per step
-        (this process and its live descendants), cpu_pct=CPU % of one core)
-        since construction."""
+        """Per env step since construction.
+
+        Returns:
+            dict(rate=steps/s, cpu_us=CPU us per step and cs=context switches
+            per step of this process and its live descendants together,
+            parent_cpu_us and parent_cs: this process's part, children_cpu_us
+            and children_cs: its descendants' part, cpu_pct=CPU % of one
+            core, all of them together).
+        """
         now = self._read()
-        wall, cpu, cs = (b - a for a, b in zip(self._start, now))
+        wall, parent_cpu, parent_cs = (b - a for a, b in zip(self._start, now))
+        children_cpu, children_cs = 0.0, 0
         for pid, (child_cpu, child_cs) in _children_usage().items():
             before_cpu, before_cs = self._children.get(pid, (0.0, 0))
-            cpu += child_cpu - before_cpu
-            cs += child_cs - before_cs
+            children_cpu += child_cpu - before_cpu
+            children_cs += child_cs - before_cs
+        cpu, cs = parent_cpu + children_cpu, parent_cs + children_cs
         steps = max(steps, 1)
         return dict(rate=steps / wall, cpu_us=cpu / steps * 1e6, cs=cs / steps,
-                    cpu_pct=100 * cpu / wall)
+                    cpu_pct=100 * cpu / wall,
+                    parent_cpu_us=parent_cpu / steps * 1e6,
+                    children_cpu_us=children_cpu / steps * 1e6,
+                    parent_cs=parent_cs / steps, children_cs=children_cs / steps)
 
 
 def measure_driver(driver, seconds, warm_up_batches=3, probe=None):
