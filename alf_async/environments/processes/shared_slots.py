@@ -115,14 +115,19 @@ class _Views(object):
     def write_time_step(self, slot, time_step):
         """Writes one row's time step; ValueError (one line) if it does not
         match the spec's shapes, or cannot be cast to its dtypes."""
-        values = tf.nest.flatten(time_step)
-        if len(values) != len(self.step_leaves):
-            raise ValueError(f"the time step {SPEC_MISMATCH}: it has {len(values)} arrays, "
-                             f"the spec {len(self.step_leaves)} ({self.time_step_spec})")
+        if self._flat_observation and isinstance(time_step, ts.TimeStep):
+            values = time_step   # its four arrays, without nest's flattening
+        else:
+            values = tf.nest.flatten(time_step)
+            if len(values) != len(self.step_leaves):
+                raise ValueError(f"the time step {SPEC_MISMATCH}: it has {len(values)} "
+                                 f"arrays, the spec {len(self.step_leaves)}")
         for array, value in zip(self.step_leaves, values):
-            value = np.asarray(value)
-            if value.shape != array.shape[1:] or not np.can_cast(value.dtype, array.dtype,
-                                                                   "same_kind"):
+            dtype = getattr(value, "dtype", None)
+            if (np.shape(value) != array.shape[1:] or dtype is None or
+                    (dtype != array.dtype and not np.can_cast(dtype, array.dtype,
+                                                             "same_kind"))):
+                value = np.asarray(value)
                 raise ValueError(
                     f"the environment's time step {SPEC_MISMATCH}: got an array of shape "
                     f"{value.shape} and dtype {value.dtype} where the spec says shape "
