@@ -19,6 +19,11 @@ Python. Each path runs `--rows` environment rows:
     subprocess_pipe                                         DynamicStepDriver, same children
                 the same over transport='pipe' (pickled
                 messages on pipes), to compare the two
+    subprocess_batched                                      DynamicStepDriver, same children
+                --envs_per_process environments in each
+                child (default transport), a batch per
+                child stepped in lockstep: one wake-up of
+                a child per that many env steps
     external    ExternalEnv slots, one client thread each   (none: its clients drive it)
 
 alf_async runs in each of `--layouts` (env threads x rows, each with one
@@ -50,7 +55,7 @@ Per env step, medians of the rounds:
   switches.
 
     python benchmarks/driver_cost.py [--paths graph rows envpool envpool_lockstep
-        subprocess subprocess_pipe external]
+        subprocess subprocess_pipe subprocess_batched external] [--envs_per_process 8]
         [--rows 16] [--layouts 1x16 2x8] [--rounds 3] [--seconds 3] [--json out.json]
 """
 
@@ -67,8 +72,9 @@ from driver_counts import (Counter, count_driver_parts, count_env_steps, patch_e
                            python_entries)
 
 PATHS = ("graph", "rows", "envpool", "envpool_lockstep", "subprocess", "subprocess_pipe",
-         "external")
-SUBPROCESS_PATHS = ("subprocess", "subprocess_pipe")
+         "subprocess_batched", "external")
+SUBPROCESS_PATHS = ("subprocess", "subprocess_pipe", "subprocess_batched")
+ENVS_PER_PROCESS = [8]   # subprocess_batched's envs_per_process (--envs_per_process)
 
 
 # ------------------------------------------------------------------ the paths
@@ -129,10 +135,15 @@ def subprocess_constructors(path, episode_length=200):
     from alf_async.testing.envs import CountingEnv   # pylint: disable=import-outside-toplevel
     one = functools.partial(CountingEnv, episode_length=episode_length)
     # The default transport on `subprocess`; the pickled pipes on `subprocess_pipe`.
+    # subprocess_batched: envs_per_process environments in each child (a
+    # batch smaller than that gets one child for all).
     transport = dict(transport="pipe") if path == "subprocess_pipe" else {}
-    return ((lambda b: subprocess_env_constructor(one, num_envs=b, **transport)()),
-            (lambda b: subprocess_env_constructor(one, num_envs=b, **transport)()),
-            lambda: SubprocessEnv(one, **transport), one)
+
+    def make(b):
+        per_process = min(ENVS_PER_PROCESS[0], b) if path == "subprocess_batched" else 1
+        return subprocess_env_constructor(one, num_envs=b, envs_per_process=per_process,
+                                          **transport)()
+    return make, make, lambda: SubprocessEnv(one, **transport), one
 
 
 def alf_round(path, layout, queues, seconds, unroll_length):
@@ -356,9 +367,12 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--unroll_length", type=int, default=16)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--envs_per_process", type=int, default=ENVS_PER_PROCESS[0],
+                        help="environments per child process on the subprocess_batched path")
     host_info.add_kernel_flags(parser)
     args = parser.parse_args()
     host_info.choose_kernels(args, [])
+    ENVS_PER_PROCESS[0] = args.envs_per_process
     layouts = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
     for t, b in layouts:
         if t * b != args.rows:
