@@ -126,10 +126,10 @@ class _Server(object):
                     except (ValueError, TypeError) as e:  # it broke its spec: one line
                         raise _Refused(str(e)) from None
             except _Refused as e:
-                _send(fd, protocol.ERROR, seq, protocol.pack_exception(
+                _send(fd, protocol.ERROR, protocol.short_seq(seq), protocol.pack_exception(
                     ValueError(str(e)), with_traceback=False))
             except Exception as e:
-                _send(fd, protocol.ERROR, seq, protocol.pack_exception(e))
+                _send(fd, protocol.ERROR, protocol.short_seq(seq), protocol.pack_exception(e))
             else:
                 os.write(fd, protocol.FRAME.pack(protocol.RESULT_IN_SLOT, seq, slot))
 

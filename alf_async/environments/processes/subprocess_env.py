@@ -1,4 +1,4 @@
-"""SubprocessEnv: one tf-agents environment in a child process, spoken to over a pipe.
+"""SubprocessEnv: one tf-agents environment (or several) in a child process.
 
 Public API
 ----------

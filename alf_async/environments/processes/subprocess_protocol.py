@@ -23,7 +23,7 @@ Every message on the child's socket starts with a 4-byte frame
 - With shared memory (shared_slots.py, after ATTACH) a step and a reset
   are frames alone: `STEP_IN_SLOT` (the action is in the child's slot) or
   `RESET_IN_SLOT`, answered by `RESULT_IN_SLOT` (the time step is in the
-  slot) or by a pickled ERROR. Nothing is pickled on this path: one
+  slot) or by a pickled ERROR numbered `short_seq` (the frame's seq). Nothing is pickled on this path: one
   4-byte write and one read each way.
 
 An ERROR payload is the exception packed by `pack_exception` (type name,
@@ -40,6 +40,8 @@ owner); `shutdown` may be called from any thread and wakes a waiting
 `wait_reply` (its pipe is closed under it).
 """
 
+import ctypes
+import errno
 import functools
 import importlib
 import logging
@@ -48,6 +50,7 @@ import multiprocessing.connection
 import multiprocessing.reduction
 import os
 import select
+import socket
 import struct
 import sys
 import threading
@@ -71,6 +74,63 @@ FRAME = struct.Struct("<BBH")    # tag, seq mod 256, slot
 PICKLED, STEP_IN_SLOT, RESET_IN_SLOT, RESULT_IN_SLOT = b"P"[0], b"S"[0], b"R"[0], b"T"[0]
 IN_SLOT = "in slot"   # the kind of a reply whose time step is in the shared slot
 _LENGTH = struct.Struct("!i")    # multiprocessing.connection's length prefix
+
+
+# The frames of a step are sent and taken with libc's send/recv called
+# through ctypes.PyDLL, which keeps the GIL: os.write/os.read release it
+# around every call, and taking it back waits for whichever thread holds it
+# (an actor's Python, the log thread) -- on a frame that never blocks (a
+# 4-byte send into an empty socket buffer, MSG_DONTWAIT; a recv of a
+# frame that is there or not, MSG_DONTWAIT) that wait is pure loss. A call
+# that would block falls back to os.read/os.write and a poll, which do
+# release the GIL.
+_LIBC = ctypes.PyDLL(None, use_errno=True)
+_SEND, _RECV = _LIBC.send, _LIBC.recv
+for _f in (_SEND, _RECV):
+    _f.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    _f.restype = ctypes.c_ssize_t
+_DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
+def send_frame_now(fd, frame):
+    """Sends a 4-byte frame without releasing the GIL (see above); falls
+    back to a blocking write if the socket's buffer is full. OSError if
+    the pipe broke."""
+    n = _SEND(fd, frame, len(frame), _DONTWAIT)
+    if n == len(frame):
+        return
+    if n < 0 and ctypes.get_errno() not in (errno.EAGAIN, errno.EWOULDBLOCK):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    write_all(fd, frame[max(n, 0):])
+
+
+def recv_frame_now(fd):
+    """A frame's 4 bytes if they are there, without releasing the GIL; None
+    if nothing has come; EOFError if the peer closed; a frame that came in
+    part is completed with blocking reads."""
+    buffer = ctypes.create_string_buffer(FRAME.size)
+    n = _RECV(fd, buffer, FRAME.size, _DONTWAIT)
+    if n == FRAME.size:
+        return buffer.raw
+    if n == 0:
+        raise EOFError
+    if n < 0:
+        if ctypes.get_errno() in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return None
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return buffer.raw[:n] + read_exact(fd, FRAME.size - n)
+
+
+def short_seq(seq_mod_256):
+    """The seq a pickled reply to a frame carries: the child knows only the
+    request's number mod 256 (its frame's), marked so (negative) that it is
+    compared as such."""
+    return -1 - seq_mod_256
+
+
+def reply_matches(reply_seq, seq):
+    """Whether a pickled reply numbered `reply_seq` answers request `seq`."""
+    return reply_seq == seq or (reply_seq < 0 and -1 - reply_seq == seq & 0xFF)
 
 
 def write_all(fd, data):
@@ -100,9 +160,10 @@ def send_pickled(fd, message):
     write_all(fd, FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data))
 
 
-def read_frame(fd, conn):
-    """Reads one message: (tag, seq mod 256, slot, the unpickled message or None)."""
-    tag, seq, slot = FRAME.unpack(read_exact(fd, FRAME.size))
+def read_frame(fd, conn, frame=None):
+    """Reads one message: (tag, seq mod 256, slot, the unpickled message or
+    None); `frame`: its first 4 bytes if they were read already."""
+    tag, seq, slot = FRAME.unpack(frame or read_exact(fd, FRAME.size))
     if tag == PICKLED:
         return tag, seq, slot, conn.recv()
     return tag, seq, slot, None
@@ -280,7 +341,7 @@ class ChildProcess(object):
     def send_frame(self, tag, seq, slot):
         """Sends a request that is a frame alone (`STEP_IN_SLOT`, `RESET_IN_SLOT`)."""
         try:
-            os.write(self.fd, FRAME.pack(tag, seq & 0xFF, slot))
+            send_frame_now(self.fd, FRAME.pack(tag, seq & 0xFF, slot))
         except (OSError, ValueError) as e:
             raise ChildDied(f"sending a step to pid {self.pid} failed ({e!r})") from None
 
@@ -310,36 +371,35 @@ class ChildProcess(object):
         while True:
             interrupted()
             try:
-                events = self._poll.poll(0)
-                if not events:
+                frame = recv_frame_now(fd)   # the reply is often there already
+                if frame is None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise ChildDied(f"pid {self.pid} did not answer {what!r} within "
                                         f"{timeout_secs:g} s (hung)")
                     events = self._poll.poll(max(1, int(remaining * 1000 + 0.999)))
-            except (OSError, ValueError) as e:  # our handles were closed under us
+                    interrupted()
+                    if not events:
+                        continue
+                    frame = recv_frame_now(fd)
+                    if frame is None:
+                        if self.process.exitcode is None and not any(
+                                f == self.process.sentinel for f, _ in events):
+                            continue
+                        raise ChildDied(f"pid {self.pid} exited (exit code "
+                                        f"{self.process.exitcode}) during {what!r}")
+                tag, short_seq, _, message = read_frame(fd, self.conn, frame)
+            except (EOFError, OSError, ValueError) as e:  # a broken pipe, or closed under us
                 interrupted()
-                raise ChildDied(f"waiting for pid {self.pid} failed ({e!r})") from None
-            interrupted()
-            if not events:
-                continue
-            if any(f == fd for f, _ in events) or self.conn.poll(0):
-                # Read what it wrote, even if it then died.
-                try:
-                    tag, short_seq, _, message = read_frame(fd, self.conn)
-                except (EOFError, OSError, ValueError) as e:
-                    raise ChildDied(f"the pipe to pid {self.pid} broke during {what!r} "
-                                    f"({type(e).__name__})") from None
-                if tag == RESULT_IN_SLOT:
-                    if short_seq == seq & 0xFF:
-                        return IN_SLOT, None
-                    continue  # a late reply to an abandoned request
-                kind, reply_seq, payload = message
-                if reply_seq == seq:
-                    return kind, payload
-                continue
-            raise ChildDied(f"pid {self.pid} exited (exit code {self.process.exitcode}) "
-                            f"during {what!r}")
+                raise ChildDied(f"the pipe to pid {self.pid} broke during {what!r} "
+                                f"({type(e).__name__})") from None
+            if tag == RESULT_IN_SLOT:
+                if short_seq == seq & 0xFF:
+                    return IN_SLOT, None
+                continue  # a late reply to an abandoned request
+            kind, reply_seq, payload = message
+            if reply_matches(reply_seq, seq):
+                return kind, payload
 
     def detach(self):
         """Takes over shutdown from the finalizer; False if it has already been done."""
