@@ -18,6 +18,7 @@ at full counts and print the figures (benchmarks/chaos.py runs this script):
 """
 
 import functools
+import gc
 import os
 import re
 import signal
@@ -35,6 +36,21 @@ from alf_async.testing.envs import OBS_ENV, OBS_STEP
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 SMOKE_GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "gin_configs", "smoke.gin")
+
+
+def held_segments():
+    """The memfd segments of SubprocessEnvs this process still holds or maps."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:alf_async_env_slots"):
+            held.append(f"fd {fd}")
+    with open("/proc/self/maps") as f:
+        held += [line.split()[0] for line in f if "memfd:alf_async_env_slots" in line]
+    return held
 
 
 def pid_alive(pid):
@@ -98,9 +114,20 @@ def check_row(step_type, next_step_type, discount, t):
     return truncations, errors
 
 
-def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2,
-               unroll_length=8, learn_queue_cap=2, train=True, timeout_secs=None,
-               log=None):
+def kill_trial(*args, **kwargs):
+    """`run_kill_trial`, then the shared-memory segments it left
+    (`segments_left`): new /dev/shm entries, and the memfd segments this
+    process still holds or maps once the run's objects are gone."""
+    shm_before = set(os.listdir("/dev/shm"))
+    result = run_kill_trial(*args, **kwargs)
+    gc.collect()
+    result["segments_left"] = sorted(set(os.listdir("/dev/shm")) - shm_before) + held_segments()
+    return result
+
+
+def run_kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2,
+                   unroll_length=8, learn_queue_cap=2, train=True, timeout_secs=None,
+                   log=None):
     """A DQN training run on 2 x 2 SubprocessEnvs while a chaos thread kills a
     random child every ~`interval` seconds (uniform in [0.5, 1.5] x interval),
     `num_kills` times. Returns a dict of figures (see the keys at the end).
@@ -251,7 +278,6 @@ def kill_trial(num_kills=100, interval=2.0, seed=0, num_envs=2, env_batch_size=2
     while any(pid_alive(p) for p in pids_seen) and time.monotonic() < deadline:
         time.sleep(0.05)
     children_left = sorted(p for p in pids_seen if pid_alive(p))
-
     truncations, step_errors, env_rows_steps, index_errors = {}, [], 0, []
     for env_id, unrolls in sorted(rows.items()):
         st, nst, disc, obs = (np.concatenate([u[k] for u in unrolls]) for k in range(4))
@@ -284,6 +310,7 @@ def kill_trial_ok(r, num_kills):
     return (r["error"] is None and r["chaos_error"] is None and r["kills"] == num_kills and
             not r["mismatched_envs"] and r["num_step_errors"] == 0 and
             not r["env_index_errors"] and not r["children_left"] and
+            not r["segments_left"] and
             r["loss_finite"] is not False and r["stop_secs"] < 10)
 
 
@@ -499,11 +526,13 @@ def print_full_figures(args):
               f"{r['train_steps']} train steps (final loss {r['final_loss']})")
         print(f"  steps lost or repeated: {r['num_step_errors']}; envs with kills != restarts "
               f"!= truncations: {r['mismatched_envs']}; children seen {r['children_seen']}, "
-              f"left {len(r['children_left'])}; stop() {r['stop_secs']:.2f} s; "
+              f"left {len(r['children_left'])}; shared-memory segments left "
+              f"{len(r['segments_left'])}; stop() {r['stop_secs']:.2f} s; "
               f"{r['secs']:.0f} s; error {r['error']}")
         if not kill_trial_ok(r, args.chaos_kills):
             bad.append(dict(trial="kill", **{k: r[k] for k in (
-                "kills", "mismatched_envs", "step_errors", "children_left", "error",
+                "kills", "mismatched_envs", "step_errors", "children_left", "segments_left",
+                "error",
                 "chaos_error")}))
     if args.checkpoint_kills:
         r = checkpoint_trial(args.checkpoint_kills, seed=seed, log=log)

@@ -40,6 +40,7 @@ def test_killed_children_are_one_restart_and_one_truncation_each():
     assert r["env_index_errors"] == [], r
     assert r["train_steps"] > 0 and r["loss_finite"], r
     assert r["children_left"] == [], r
+    assert r["segments_left"] == [], r
     assert r["stop_secs"] < 10, r
 
 
