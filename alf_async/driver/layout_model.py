@@ -39,10 +39,12 @@ if it gives any batch size.
 
 # The driver's CPU cost of one env thread's request (its numpy_function,
 # queue round trip, routing) and of each row in it, fitted on the
-# collection benchmarks (docs/results/collection.md and its results files), and a
-# child process's pickling and pipe cost per step (latency_bound.py
-# --processes). They scale the model's terms against each other; the
-# measurement decides.
+# collection benchmarks (docs/results/collection.md and its results files), and
+# what a row in a child process costs the driver's process per step over
+# shared memory (its frames, the copy of its time step, waking the child),
+# fitted on benchmarks/results/driver_cost_processes.json (the subprocess
+# path's driver's process less the in-process path's). They scale the model's
+# terms against each other; the measurement decides.
 REQUEST_SECS = 480e-6
 ROW_SECS = 8e-6
 # The same for an env thread that acts itself (num_actor_queues=0), from
@@ -53,7 +55,7 @@ ROW_SECS = 8e-6
 # against ~70 us).
 OWN_GRAPH_REQUEST_SECS = 270e-6
 OWN_PYTHON_REQUEST_SECS = 700e-6
-PROCESS_STEP_SECS = 150e-6
+PROCESS_STEP_SECS = 60e-6
 # The limits on a layout's rate are combined as a soft minimum, the
 # SOFT_MIN_POWER-norm of their reciprocals, rather than the tightest alone:
 # a pipeline runs below its tightest limit when its other stages are loaded
