@@ -65,10 +65,10 @@ SOLVED = 195.0
 
 
 def _parse_gin(gin_file, extra):
-    import gin
-
+    # As alf-async-train parses: an overlay's `include` finds its base beside it.
     from alf_async import trainer  # noqa: F401  (registers the configurables)
-    gin.parse_config_files_and_bindings([gin_file], extra)
+    from alf_async.bin.train import parse_gin
+    parse_gin([gin_file], extra)
 
 
 def run_async(seed, cap, root_dir):
