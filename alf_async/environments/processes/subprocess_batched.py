@@ -43,6 +43,11 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
     environments raise, the others' replies are still received (the pipes stay
     in sync) and the first error is raised. Owns its environments: ``close()``
     closes them all, together. Same threading rules as SubprocessEnv.
+
+    Environments made by ``create_subprocess_envs`` share one segment of
+    shared slots, in order: a step then writes every action, and reads every
+    time step, with one numpy copy per leaf. A SubprocessEnv of several
+    environments (``envs_per_process``) is as many rows of the batch.
     """
 
 

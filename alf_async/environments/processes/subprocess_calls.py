@@ -9,7 +9,13 @@ until the request's deadline, for that reply. A child that died, broke its
 pipe or did not answer in time is killed and restarted (`_recover`,
 `_restart`), and the call is answered as `recovery.CrashRecovery` says
 (a truncation, the new FIRST step, or `SubprocessEnvError` for `call()`).
-The wire protocol and the child process are subprocess_protocol.py's.
+
+With shared memory (the default transport) `_attach` hands each new child
+the segment after it is ready; a step or a reset then writes the action
+into the environment's slot and sends a frame alone, and its reply is read
+from the slot (`_receive(raw=True)` leaves that read to a batch that reads
+all its rows at once). The wire protocol is subprocess_protocol.py's, the
+child's side subprocess_child.py's, the slots shared_slots.py's.
 """
 
 import collections
@@ -19,8 +25,8 @@ import tensorflow as tf
 
 from alf_async.environments.processes import subprocess_protocol as protocol
 
-__all__ = ["IN_SLOT", "InFlight", "RowOf", "SubprocessCalls", "SubprocessEnvClosedError", "SubprocessEnvCrashError",
-           "SubprocessEnvError"]
+__all__ = ["IN_SLOT", "InFlight", "RowOf", "SubprocessCalls", "SubprocessEnvClosedError",
+           "SubprocessEnvCrashError", "SubprocessEnvError"]
 
 
 class SubprocessEnvError(RuntimeError):
@@ -101,16 +107,10 @@ class SubprocessCalls(object):
             failure = None
             try:
                 if self._views is not None and command in (protocol.STEP, protocol.RESET):
-                    if command == protocol.STEP:
-                        if in_slot:
-                            pass
-                        elif self._envs_per_process == 1:  # a wrong action raises
-                            self._views.write_action(self._slot, payload)   # here: the caller's
-                        else:
-                            self._views.write_actions(self._slot, payload, self._envs_per_process)
-                        tag = protocol.STEP_IN_SLOT
-                    else:
-                        tag = protocol.RESET_IN_SLOT
+                    if command == protocol.STEP and not in_slot:
+                        self._write_action(payload)   # a wrong action raises: the caller's
+                    tag = protocol.STEP_IN_SLOT if command == protocol.STEP else \
+                        protocol.RESET_IN_SLOT
                     self._child.send_frame(tag, self._seq, self._slot)
                 else:
                     self._child.send(command, self._seq, payload)  # pickling errors: the caller's
@@ -169,6 +169,12 @@ class SubprocessCalls(object):
         self._last_time_step = time_step
         self._current_time_step = time_step
         return time_step
+
+    def _write_action(self, action):
+        if self._envs_per_process == 1:
+            self._views.write_action(self._slot, action)
+        else:
+            self._views.write_actions(self._slot, action, self._envs_per_process)
 
     def _record_row(self, batch, row):
         """The caller saw row `row` of `batch` (after a raw receive)."""

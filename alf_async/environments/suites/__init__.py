@@ -162,12 +162,14 @@ def _single_env_kwargs(suite, env_name, env_kwargs):
 def make_subprocess_env_constructor(suite, env_name, batch_size=1, seed=None,
                                     max_episode_steps=None, env_kwargs=None,
                                     **subprocess_kwargs):
-    """Like `make_env_constructor`, with every environment in its own child process.
+    """Like `make_env_constructor`, with the environments in child processes.
 
-    Each env thread gets a TFEnvironment over `batch_size` SubprocessEnvs
-    (stepped concurrently). gin: `Task.make_env_constructor =
+    Each env thread gets a TFEnvironment over `batch_size` environments in
+    SubprocessEnvs (stepped concurrently), one per child process unless
+    `envs_per_process` says more. gin: `Task.make_env_constructor =
     @make_subprocess_env_constructor`; `make_subprocess_env_constructor.step_timeout`,
-    `.max_restarts`, ... go to SubprocessEnv; `env_kwargs` to suite_atari.
+    `.max_restarts`, `.transport`, `.envs_per_process`, ... go to
+    `subprocess_env_constructor`; `env_kwargs` to suite_atari.
     """
     if suite not in SINGLE_ENV_SUITES:
         raise ValueError(f"make_subprocess_env_constructor: suite {suite!r} is not one of "
