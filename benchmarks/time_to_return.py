@@ -27,7 +27,7 @@ import time
 import host_info  # benchmarks/ is this script's directory
 
 _EVAL = re.compile(r"\[alf_async\] eval at train step (\d+) \(([\d.]+) s, (\d+) env steps\): "
-                   r"\S+ AverageReturn (-?[\d.]+)")
+                   r".*? AverageReturn (-?[\d.]+)")
 _STOPPED = re.compile(r"\[alf_async\] stopped \((\w+)\)")
 
 
@@ -38,15 +38,18 @@ def run(gin_file, bindings, seed, cap, work_dir):
            "--gin_file", gin_file, "--gin_param", f"Runtime.seed = {seed}"]
     for binding in bindings:
         cmd += ["--gin_param", binding]
+    err = ""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=cap).stdout
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=cap)
+        out, err = done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     evals = [(float(s), int(env), float(r)) for _, s, env, r in _EVAL.findall(out)]
     stopped = _STOPPED.search(out)
-    if not evals:
+    if not evals:   # say why
+        sys.stderr.write("".join((out + err).splitlines(keepends=True)[-5:]))
         return None, 0, None
     secs, env_steps, last = evals[-1]
     solved = stopped is not None and stopped.group(1) == "stop_at_eval_return"
