@@ -11,8 +11,8 @@ A page places a block by writing its two markers with nothing between them:
     <!-- rendered: NAME -->
     <!-- /rendered: NAME -->
 
-NAME is a table (`TABLES` of tables_learning.py and tables_collection.py,
-which takes in tables_choices.py's and tables_reliability.py's, and
+NAME is a table (`TABLES` of tables_learning.py, tables_processes.py and
+tables_collection.py, which takes in tables_choices.py's and tables_reliability.py's, and
 `headline`: the README's short rows, picked by key from the others, each
 its `short` question and both sides' figures up to their first ';'), a
 picture list (`pictures:...` of pictures_learning.py) or `transcript:NAME`
@@ -38,12 +38,13 @@ import pictures_learning
 import result_rows
 import tables_collection
 import tables_learning
+import tables_processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 TRANSCRIPTS = DOCS / "transcripts"
 IMAGES = DOCS / "images"
-TABLES = {**tables_learning.TABLES, **tables_collection.TABLES}
+TABLES = {**tables_learning.TABLES, **tables_collection.TABLES, **tables_processes.TABLES}
 PICTURES = pictures_learning.PICTURES
 NO_FILE_YET = tables_learning.NO_FILE_YET
 HEADLINE_KEYS = ("dqn.cartpole_time_to_solve", "ppo.cartpole_time_to_solve", "ppo.pong_hour",

@@ -290,16 +290,21 @@ def _own_cpu_batched(results_dir, key, name, where):
 
 
 def _child_process_cpu(results_dir):
-    table = load_json("driver_cost.json", results_dir)["table"]["subprocess"]
+    name = "driver_cost_processes.json"
+    tables = load_json(name, results_dir)["table"]
+    table = tables["subprocess"]
     base = table["lockstep"]["cpu_us"]
     sides = [s for s in table if s.startswith("alf_async")]
+    in_process = tables["graph"]["alf_async 1x16, 1 actor"]["cpu_us"]
     return _row(
         results_dir, "not_paying.child_processes_cpu",
         "The whole CPU per env step of 16 rows of a tiny environment in child processes "
-        "(`SubprocessEnv`), every layout: cheap steps pay for the pipes",
+        "(`SubprocessEnv` over shared memory), every layout: cheap steps pay for waking "
+        "the processes",
         f"{_span([table[s]['cpu_us'] for s in sides], lambda v: f'{v:.0f}')} us, "
         f"{_span([table[s]['cpu_us'] / base for s in sides], ratio)} lockstep's",
-        f"lockstep over the same children: {_us(base)}", ["driver_cost.json"])
+        f"lockstep over the same children: {_us(base)}; the same environments in "
+        f"process under the driver: {_us(in_process)}", [name])
 
 
 def _envpool_rows(results_dir):

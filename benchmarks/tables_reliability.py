@@ -31,7 +31,8 @@ def _search(pattern, text, name):
 
 _KILLS = (r"^Crashing simulators: (\d+) kill -9 .*\n.*\n  env steps checked (\d+) in (\d+) "
           r"learner batches.*\n  steps lost or repeated: (\d+); envs with kills != restarts != "
-          r"truncations: (\[.*?\]); children seen (\d+), left (\d+); stop\(\) ([\d.]+) s")
+          r"truncations: (\[.*?\]); children seen (\d+), left (\d+); "
+          r"(?:shared-memory segments left (\d+); )?stop\(\) ([\d.]+) s")
 _CHECKPOINTS = (r"^Checkpoints: (\d+) kill -9 .*\n  resumes (\d+) \(fresh starts (\d+)\).*\n"
                 r"  kills that left .*: (\d+)\n  final run: (.*); problems (\d+);")
 
@@ -40,17 +41,19 @@ def chaos(results_dir):
     """The rows of chaos.txt: children kill -9'ed during training, and the
     training CLI kill -9'ed and resumed (when the run had that trial)."""
     text = read_text("chaos.txt", results_dir)
-    kills, steps, batches, errors, mismatched, seen, left, stop = _search(
+    kills, steps, batches, errors, mismatched, seen, left, segments, stop = _search(
         _KILLS, text, "chaos.txt").groups()
+    # Runs before shared memory did not count segments.
+    segments = "" if segments is None else f"; {segments} shared-memory segments left"
     rows = [_row(
         results_dir, "reliability.chaos_kills",
         "A DQN training run on `SubprocessEnv` children while a chaos thread `kill -9`s a "
         "random child every few seconds: every env step checked for loss or repetition, "
-        "every child for survival after `stop()`",
+        "every child for survival after `stop()`, every shared-memory segment for release",
         f"{count(int(kills))} kills; {count(int(errors))} env steps lost or repeated of "
         f"{count(int(steps))} checked in {count(int(batches))} learner batches; envs whose "
         f"kills, restarts and truncations differ: {mismatched}; {left} of {seen} children "
-        f"left; `stop()` {float(stop):.2f} s", "", ["chaos.txt"])]
+        f"left{segments}; `stop()` {float(stop):.2f} s", "", ["chaos.txt"])]
     checkpoints = re.search(_CHECKPOINTS, text, re.M)
     if checkpoints:
         cycles, resumes, fresh, mid_save, final, problems = checkpoints.groups()

@@ -126,7 +126,7 @@ def test_env_threads_that_act_themselves_pay_less_per_request_and_pass_side_by_s
         rows, Layout(2, 8, 1, 2, False))["gil"]
     # So do rows in child processes, whatever the in-process profile.
     assert layout_model.rate_limits(quick, Layout(2, 8, 0, 1, True))["gil"] == pytest.approx(
-        1 / (150e-6 + 8e-6 + 700e-6 / 8))
+        1 / (layout_model.PROCESS_STEP_SECS + 8e-6 + 700e-6 / 8))
 
 
 def test_variants_of_the_fastest_split_are_measured_in_turns_with_the_ranking():

@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-__all__ = ["SharedSlots", "Layout", "check_specs", "SPEC_MISMATCH"]
+__all__ = ["Layout", "SPEC_MISMATCH", "SharedSlots", "check_specs", "map_in_child"]
 
 ALIGN = 64  # each array starts on its own cache line
 SPEC_MISMATCH = "does not match its spec"
