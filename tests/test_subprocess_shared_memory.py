@@ -618,3 +618,19 @@ def test_a_wrong_batch_of_actions_is_refused_and_the_envs_stay_usable(nested, k)
         assert np.asarray(first_counts).tolist() == [[r, 0, 0] for r in range(N)]
     finally:
         batched.close()
+
+
+def test_python_numbers_and_wider_dtypes_are_cast_to_the_specs():
+    env = SubprocessEnv(shm_envs.PythonNumbersEnv, transport=SHM)
+    try:
+        first = env.reset()
+        steps = [env.step(np.int32(a)) for a in (2, 3)]
+    finally:
+        env.close()
+    spec = env.time_step_spec()
+    for time_step in [first] + steps:
+        for value, leaf in zip(tf.nest.flatten(time_step), tf.nest.flatten(spec)):
+            assert value.dtype == leaf.dtype and value.shape == leaf.shape
+    assert [int(t.step_type) for t in [first] + steps] == [0, 1, 1]
+    assert [float(t.reward) for t in steps] == [0.5, 1.0]
+    assert [t.observation.tolist() for t in steps] == [[1.0, 2.0], [2.0, 3.0]]

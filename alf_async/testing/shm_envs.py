@@ -164,3 +164,28 @@ class WrongObservationEnv(py_environment.PyEnvironment):
     def _step(self, action):
         self._steps += 1
         return ts.transition(self._observation(self._steps == self._on_step), np.float32(1.0))
+
+
+class PythonNumbersEnv(py_environment.PyEnvironment):
+    """Time steps as a loose environment writes them: the step type, reward
+    and discount as Python numbers and a float64 observation, where the specs
+    say int32, float32, float32 and float32. Observation: [steps, action]."""
+
+    def __init__(self):
+        super().__init__(handle_auto_reset=True)
+        self._steps = 0
+
+    def observation_spec(self):
+        return array_spec.ArraySpec((2,), np.float32, name="observation")
+
+    def action_spec(self):
+        return array_spec.BoundedArraySpec((), np.int32, 0, 3, name="action")
+
+    def _reset(self):
+        self._steps = 0
+        return ts.TimeStep(0, 0.0, 1.0, np.zeros(2, np.float64))
+
+    def _step(self, action):
+        self._steps += 1
+        return ts.TimeStep(1, 0.5 * self._steps, 1.0,
+                           np.array([self._steps, int(action)], np.float64))

@@ -124,9 +124,11 @@ class _Views(object):
                                  f"arrays, the spec {len(self.step_leaves)}")
         for array, value in zip(self.step_leaves, values):
             dtype = getattr(value, "dtype", None)
-            if (np.shape(value) != array.shape[1:] or dtype is None or
-                    (dtype != array.dtype and not np.can_cast(dtype, array.dtype,
-                                                             "same_kind"))):
+            if dtype is None:   # a Python number or list: as numpy sees it
+                value = np.asarray(value)
+                dtype = value.dtype
+            if np.shape(value) != array.shape[1:] or (
+                    dtype != array.dtype and not np.can_cast(dtype, array.dtype, "same_kind")):
                 value = np.asarray(value)
                 raise ValueError(
                     f"the environment's time step {SPEC_MISMATCH}: got an array of shape "
