@@ -6,7 +6,6 @@ After every test the process table is checked: no process may be left below
 this one except multiprocessing's fork server and resource tracker.
 """
 
-import collections
 import multiprocessing
 import os
 import signal
@@ -25,68 +24,10 @@ from tf_agents.trajectories import time_step as ts
 from alf_async.environments import (
     BatchedSubprocessEnv, SubprocessEnv, SubprocessEnvClosedError, SubprocessEnvCrashError,
     create_subprocess_envs, subprocess_env_constructor)
-from alf_async.testing import envs
+from alf_async.testing import envs, processes
 from alf_async.testing.envs import OBS_ENV, OBS_STEP
 
 FIRST, MID, LAST = ts.StepType.FIRST, ts.StepType.MID, ts.StepType.LAST
-
-
-# ----------------------------------------------------------- process table
-
-
-def _process_table():
-    """pid -> (ppid, state) of every process, read from /proc."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        table[int(name)] = (int(fields[1]), fields[0])
-    return table
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _descendants():
-    """pid -> (ppid, state) of every process below this one."""
-    table = _process_table()
-    children = collections.defaultdict(list)
-    for pid, (ppid, _) in table.items():
-        children[ppid].append(pid)
-    found, stack = {}, [os.getpid()]
-    while stack:
-        for pid in children[stack.pop()]:
-            found[pid] = table[pid]
-            stack.append(pid)
-    return found
-
-
-def _leftover_processes():
-    """Processes below this one other than multiprocessing's own helpers.
-
-    The fork server and the resource tracker are our direct children (and stay
-    up for the life of the process); environment processes are children of
-    the fork server and share its command line, so they are told apart by
-    their parent.
-    """
-    infrastructure = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-    return {pid: (state, _cmdline(pid)) for pid, (ppid, state) in _descendants().items()
-            if not (ppid == os.getpid() and any(n in _cmdline(pid) for n in infrastructure))}
-
-
-def _gone(pid):
-    return not os.path.exists(f"/proc/{pid}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -98,7 +39,7 @@ def forkserver_started():
 @pytest.fixture(autouse=True)
 def no_children_left():
     yield
-    assert _leftover_processes() == {}
+    assert processes.leftover_processes() == {}
     assert [p for p in multiprocessing.active_children()
             if p.name.startswith("SubprocessEnv")] == []
 
@@ -134,7 +75,7 @@ def test_steps_exact_episode_and_specs():
         assert env.restarts == 0
     finally:
         env.close()
-    assert _gone(env.pid)
+    assert processes.gone(env.pid)
     env.close()  # idempotent
     with pytest.raises(SubprocessEnvClosedError):
         env.step(0)
@@ -167,7 +108,7 @@ def test_kill_9_mid_episode_truncates_then_restarts():
         # the last observation the parent saw.
         _assert_time_step(env.step(0), LAST, [3, 2], 0.0, 1.0)
         assert env.restarts == 1
-        assert env.pid != old_pid and _gone(old_pid)
+        assert env.pid != old_pid and processes.gone(old_pid)
         # Then a fresh episode from the new child, and stepping continues.
         _assert_time_step(env.step(0), FIRST, [3, 0], 0.0, 1.0)
         _assert_time_step(env.step(0), MID, [3, 1], 1.0, 1.0)
@@ -211,13 +152,13 @@ def test_env_exception_is_raised_with_child_traceback_and_not_retried():
         assert "Traceback (most recent call last)" in message
         assert "envs.py" in message and "in _step" in message
         assert f"pid {pid}" in message
-        assert env.restarts == 0 and env.pid == pid and not _gone(pid)
+        assert env.restarts == 0 and env.pid == pid and not processes.gone(pid)
         # The child is still up and usable.
         _assert_time_step(env.reset(), FIRST, [5, 0], 0.0, 1.0)
         _assert_time_step(env.step(0), MID, [5, 1], 1.0, 1.0)
     finally:
         env.close()
-    assert _gone(pid)
+    assert processes.gone(pid)
 
 
 @pytest.mark.timeout(30)
@@ -293,7 +234,7 @@ def test_hung_child_times_out_and_is_restarted():
         start = time.monotonic()
         _assert_time_step(env.step(0), LAST, [6, 1], 0.0, 1.0)  # the 2nd step hangs
         assert 0.9 < time.monotonic() - start < 5.0
-        assert env.restarts == 1 and _gone(hung_pid)
+        assert env.restarts == 1 and processes.gone(hung_pid)
         _assert_time_step(env.step(0), FIRST, [6, 0], 0.0, 1.0)
         _assert_time_step(env.step(0), MID, [6, 1], 1.0, 1.0)
     finally:
@@ -338,11 +279,11 @@ def test_close_leaves_no_child_after_restart_and_after_failure():
         limited.reset()
         with pytest.raises(SubprocessEnvCrashError, match="max_restarts=0"):
             limited.step(0)
-        assert _leftover_processes().keys() == {env.pid}
+        assert processes.leftover_processes().keys() == {env.pid}
     finally:
         env.close()
         limited.close()
-    assert all(_gone(pid) for pid in pids)
+    assert all(processes.gone(pid) for pid in pids)
 
 
 @pytest.mark.timeout(30)
@@ -490,6 +431,6 @@ def test_interpreter_exit_without_close_leaves_no_child(tmp_path):
             for p in line.split()[1:]]
     assert len(pids) == 2
     deadline = time.monotonic() + 5
-    while not all(_gone(p) or _process_table().get(p, (0, ""))[1] == "Z" for p in pids):
+    while not all(processes.gone(p) or processes.process_table().get(p, (0, "", ""))[1] == "Z" for p in pids):
         assert time.monotonic() < deadline, f"children {pids} survived the interpreter"
         time.sleep(0.1)

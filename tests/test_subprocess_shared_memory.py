@@ -11,7 +11,6 @@ Each test also checks that shared memory is really used (the children map
 the segment), so that a comparison with the pipe compares two transports.
 """
 
-import collections
 import functools
 import gc
 import os
@@ -29,7 +28,7 @@ from tf_agents.utils import nest_utils
 
 from alf_async.environments import (BatchedSubprocessEnv, SubprocessEnv, create_subprocess_envs,
                                     subprocess_env_constructor)
-from alf_async.testing import envs, shm_envs
+from alf_async.testing import envs, processes, shm_envs
 from alf_async.testing.envs import OBS_ENV, OBS_STEP, CountingEnv
 
 FIRST, MID, LAST = int(ts.StepType.FIRST), int(ts.StepType.MID), int(ts.StepType.LAST)
@@ -41,52 +40,6 @@ pytestmark = pytest.mark.timeout(30)
 
 
 # ------------------------------------------------- processes and segments
-
-
-def _process_table():
-    """pid -> (ppid, state, command line) of every process."""
-    table = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        table[int(name)] = (int(fields[1]), fields[0], cmdline)
-    return table
-
-
-def _descendants(root):
-    """pid -> (ppid, state, command line) of every process below `root`."""
-    table = _process_table()
-    children = collections.defaultdict(list)
-    for pid, (ppid, _, _) in table.items():
-        children[ppid].append(pid)
-    found, stack = {}, [root]
-    while stack:
-        for pid in children[stack.pop()]:
-            found[pid] = table[pid]
-            stack.append(pid)
-    return found
-
-
-def _leftover_processes():
-    """Processes below this one but multiprocessing's fork server and resource tracker."""
-    helpers = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-    return {pid: (state, cmd) for pid, (ppid, state, cmd) in _descendants(os.getpid()).items()
-            if not (ppid == os.getpid() and any(h in cmd for h in helpers))}
-
-
-def _gone(pid):
-    """The process exited (a zombie that nobody reaps counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def _shm_listing():
@@ -132,7 +85,7 @@ def leaves_nothing():
     """No process, /dev/shm entry or segment descriptor is left by a test."""
     shm, segments = _shm_listing(), _segments()
     yield
-    assert _leftover_processes() == {}
+    assert processes.leftover_processes() == {}
     assert _shm_listing() == shm
     if not _segments() <= segments:
         gc.collect()   # slow with TensorFlow loaded: only when needed
@@ -310,7 +263,7 @@ def test_kill_9_in_lockstep_truncates_then_first_as_the_pipe():
         batched = _one_segment(CountingEnv, transport)
         runs[transport] = _lockstep(batched, transport, False, steps=5, hook=kill_row_1)
         assert batched.restarts_per_env == [0, 1, 0, 0]
-        assert all(_gone(pid) for pid in pids[transport] + batched.pids)
+        assert all(processes.gone(pid) for pid in pids[transport] + batched.pids)
     _assert_same_rows([runs[PIPE], runs[SHM]], "pipe vs shared memory")
     run = runs[SHM]
     assert [int(b.step_type[1]) for b in run] == [FIRST, MID, MID, LAST, FIRST, MID]
@@ -339,7 +292,7 @@ def test_kill_9_in_rows_stepping_truncates_then_first_as_the_pipe():
             _assert_transport(transport, [e.pid for e in created])   # the restarted child too
         finally:
             BatchedSubprocessEnv(created).close()
-        assert _gone(killed[0])
+        assert processes.gone(killed[0])
     for r in range(3):
         for k, (x, y) in enumerate(zip(runs[PIPE][r], runs[SHM][r])):
             _assert_same(x, y, f"pipe vs shared memory: row {r}, step {k}")
@@ -450,7 +403,7 @@ def test_step_timeout_restarts_a_hung_child():
         assert 0.9 < time.monotonic() - start < 5.0
         assert (int(step.step_type), float(step.reward), float(step.discount),
                 _obs(step)) == (LAST, 0.0, 1.0, [6, 1])
-        assert env.restarts == 1 and _gone(hung)
+        assert env.restarts == 1 and processes.gone(hung)
         step = env.step(np.int32(0))
         assert (int(step.step_type), _obs(step)) == (FIRST, [6, 0])
         batched.reset()
@@ -459,14 +412,14 @@ def test_step_timeout_restarts_a_hung_child():
         step = batched.step(np.zeros(2, np.int32))
         assert np.asarray(step.step_type).tolist() == [MID, LAST]
         assert _obs(step) == [[0, 2], [1, 1]] and np.asarray(step.discount).tolist() == [1, 1]
-        assert batched.restarts_per_env == [0, 1] and _gone(hung)
+        assert batched.restarts_per_env == [0, 1] and processes.gone(hung)
         _assert_transport(SHM, batched.pids)
         step = batched.step(np.zeros(2, np.int32))
         assert np.asarray(step.step_type).tolist() == [MID, FIRST]
     finally:
         env.close()
         batched.close()
-    assert all(_gone(pid) for pid in [env.pid] + batched.pids)
+    assert all(processes.gone(pid) for pid in [env.pid] + batched.pids)
 
 
 # ------------------------------------------------------- segments left behind
@@ -488,7 +441,7 @@ def test_no_segment_is_left_after_close_or_after_a_restart():
     assert batched.restarts == 1 and len(_segments()) == 1
     _assert_transport(SHM, batched.pids)
     batched.close()
-    assert all(_gone(pid) for pid in pids + batched.pids)
+    assert all(processes.gone(pid) for pid in pids + batched.pids)
     del batched
     gc.collect()
     assert _segment_fds() == {} and not _maps_segment()
@@ -525,7 +478,7 @@ def test_sigkill_of_the_drivers_process_leaves_no_process_and_no_segment(tmp_pat
         line = proc.stdout.readline()
         assert line.startswith("PIDS"), (line, (tmp_path / "stderr").read_text()[-3000:])
         pids = [int(p) for p in line.split()[1:]]
-        below = _descendants(proc.pid)   # the children, the fork server, the resource tracker
+        below = processes.descendants(proc.pid)   # the children, the fork server, the resource tracker
         assert len(pids) == 3 and set(pids) <= set(below)
         assert all(_maps_segment(pid) for pid in pids) and len(_segments(proc.pid)) == 2
     finally:
@@ -533,8 +486,8 @@ def test_sigkill_of_the_drivers_process_leaves_no_process_and_no_segment(tmp_pat
         proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 5
-    while not all(_gone(pid) for pid in below):
-        assert time.monotonic() < deadline, {p: below[p] for p in below if not _gone(p)}
+    while not all(processes.gone(pid) for pid in below):
+        assert time.monotonic() < deadline, {p: below[p] for p in below if not processes.gone(p)}
         time.sleep(0.05)
     assert _shm_listing() == shm
 
