@@ -15,8 +15,8 @@ from alf_async.environments import subprocess_env_constructor
 from alf_async.testing import envs
 from alf_async.testing.envs import BlockingCountingEnv, CountingEnvConstructor
 from alf_async.testing.policies import CountingPolicy
+from alf_async.testing.processes import leftover_processes
 from conftest import driver_threads
-from test_subprocess_env import _leftover_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,7 +159,7 @@ def test_child_processes_are_measured_too_and_none_is_left():
         [Layout(2, 1, q, 2 // q, p) for q in (1, 2) for p in (False, True)])
     assert all(rate > 0 for _, rate in choice.rates)
     assert not driver_threads()
-    assert not _leftover_processes()
+    assert not leftover_processes()
 
 
 def test_a_stop_while_measuring_ends_it_within_seconds_and_leaves_nothing():

@@ -17,8 +17,8 @@ import pytest
 from alf_async import trainer
 from alf_async import settings
 from alf_async.driver.layout import parse_layout
+from alf_async.testing import processes
 from conftest import signal_when_ready  # noqa: E402
-from test_subprocess_env import _process_table  # noqa: E402  (tests/ is on sys.path)
 from test_trainer import SMOKE_GIN  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
@@ -126,15 +126,7 @@ def test_a_stop_while_measuring_runs_nothing(tmp_path):
 
 
 def _pids_below(root):
-    table = _process_table()
-    found, stack = set(), [root]
-    while stack:
-        parent = stack.pop()
-        for pid, (ppid, _) in table.items():
-            if ppid == parent and pid not in found:
-                found.add(pid)
-                stack.append(pid)
-    return found
+    return set(processes.descendants(root))
 
 
 def _alive(pid):
