@@ -24,6 +24,7 @@ import time
 import tensorflow as tf
 
 from alf_async.environments.processes import subprocess_protocol as protocol
+from alf_async.environments.processes.subprocess_child import child_main
 
 __all__ = ["IN_SLOT", "InFlight", "RowOf", "SubprocessCalls", "SubprocessEnvClosedError",
            "SubprocessEnvCrashError", "SubprocessEnvError"]
@@ -73,8 +74,8 @@ class SubprocessCalls(object):
         return f"environment process pid {self._child.pid} (env_index {self._env_index})"
 
     def _new_child(self):
-        return protocol.ChildProcess(self._ctx, self._constructor_bytes, self._gin_config,
-                                     self._env_index)
+        return protocol.ChildProcess(self._ctx, child_main, self._constructor_bytes,
+                                     self._gin_config, self._env_index)
 
     def _specs(self):
         if self._time_step_spec is None:

@@ -304,8 +304,16 @@ class ChildProcess(object):
     (`weakref.finalize`), unless `shutdown` ran first.
     """
 
-    def __init__(self, ctx, env_constructor_bytes, gin_config, index):
-        from alf_async.environments.processes.subprocess_child import child_main  # pylint: disable=import-outside-toplevel
+    def __init__(self, ctx, child_main, env_constructor_bytes, gin_config, index):
+        """
+        Args:
+            ctx: the multiprocessing context (`get_context`).
+            child_main: the child's entry point (subprocess_child.child_main),
+                called as child_main(conn, env_constructor_bytes, gin_config, index).
+            env_constructor_bytes: the pickled list of env constructors.
+            gin_config: gin text the child parses first.
+            index: the child's (first) env index.
+        """
         parent_conn, child_conn = ctx.Pipe(duplex=True)   # a socket pair: it carries fds too
         process = ctx.Process(target=child_main, name=f"SubprocessEnv-{index}",
                               args=(child_conn, env_constructor_bytes, gin_config, index),
