@@ -34,10 +34,15 @@ def _split(side):
             f"children {_us(side['children_us'])})")
 
 
+def _cost(results_dir):
+    """driver_cost_processes.json's table, and the envs_per_process of its batched path."""
+    cost = load_json(COST, results_dir)
+    return cost["table"], cost["args"].get("envs_per_process", 8)
+
+
 def _layer(results_dir):
-    table = load_json(COST, results_dir)["table"]
+    table, k = _cost(results_dir)
     alone = lambda path: table[path]["environment alone"]
-    k = load_json(COST, results_dir)["args"].get("envs_per_process", 8)
     return _row(
         results_dir, "processes.layer",
         f"CPU per env step of 16 rows of a tiny environment in child processes, stepped "
@@ -50,8 +55,7 @@ def _layer(results_dir):
 
 
 def _under_driver(results_dir):
-    table = load_json(COST, results_dir)["table"]
-    k = load_json(COST, results_dir)["args"].get("envs_per_process", 8)
+    table, k = _cost(results_dir)
     side = "alf_async 1x16, 1 actor"
 
     def cell(path):

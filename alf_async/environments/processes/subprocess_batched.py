@@ -31,7 +31,7 @@ from alf_async.environments.capabilities import BlockingStep, Restartable
 from alf_async.environments.processes.subprocess_calls import IN_SLOT
 from alf_async.environments.processes import subprocess_protocol as protocol
 from alf_async.environments.processes.shared_slots import SharedSlots
-from alf_async.environments.processes.subprocess_env import (TRANSPORTS, SubprocessEnv,
+from alf_async.environments.processes.subprocess_env import (SubprocessEnv,
                                                              close_subprocess_envs)
 
 
@@ -170,6 +170,13 @@ class BatchedSubprocessEnv(py_environment.PyEnvironment, Restartable, BlockingSt
         close_subprocess_envs(self._envs)
 
 
+def _check_envs_per_process(k, num_envs):
+    """Raises ValueError (one line) unless `k` is a positive divisor of `num_envs`."""
+    if not isinstance(k, int) or k < 1 or num_envs % k:
+        raise ValueError(f"envs_per_process must be a positive divisor of the number of "
+                         f"environments ({num_envs}), got {k!r}")
+
+
 def create_subprocess_envs(env_constructors: Sequence[Callable[[], Any]],
                            env_indices: Optional[Sequence[int]] = None,
                            envs_per_process: int = 1,
@@ -199,9 +206,7 @@ def create_subprocess_envs(env_constructors: Sequence[Callable[[], Any]],
     if len(env_indices) != len(env_constructors):
         raise ValueError("env_indices and env_constructors differ in length")
     k = envs_per_process
-    if not isinstance(k, int) or k < 1 or len(env_constructors) % k:
-        raise ValueError(f"envs_per_process must be a positive divisor of the number of "
-                         f"environments ({len(env_constructors)}), got {k!r}")
+    _check_envs_per_process(k, len(env_constructors))
     kwargs = dict(kwargs, start=False)
     if kwargs.get("gin_config") is None:
         kwargs["gin_config"] = protocol.current_gin_config()
@@ -290,14 +295,10 @@ def subprocess_env_constructor(env_constructor: Callable[[], Any], num_envs: int
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    k = kwargs.get("envs_per_process", 1)
-    if not isinstance(k, int) or k < 1 or num_envs % k:
-        raise ValueError(f"envs_per_process must be a positive divisor of num_envs "
-                         f"({num_envs}), got {k!r}")
-    transport = kwargs.get("transport", "shared_memory")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
-                         f"got {transport!r}")
+    # Checked now, not in the driver's env thread (create_subprocess_envs
+    # checks them again on each call).
+    _check_envs_per_process(kwargs.get("envs_per_process", 1), num_envs)
+    protocol.check_transport(kwargs.get("transport", "shared_memory"))
     if "start" in kwargs or "env_index" in kwargs:
         raise TypeError("subprocess_env_constructor sets start and env_index itself")
     cloudpickle.dumps(env_constructor)  # fail now, not in the driver's env thread

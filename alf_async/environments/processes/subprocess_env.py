@@ -8,16 +8,12 @@ Public API
     broken pipe, no reply within ``step_timeout``) is recreated and reset
     without stopping training; the episode in flight ends as a truncation
     (see `SubprocessEnv`).
-``create_subprocess_envs(env_constructors, ...)``
-    (subprocess_batched.py) Starts all children first, then waits for all
-    of them to initialise concurrently: N environments that each take a
-    second to build are ready in about a second.
 ``close_subprocess_envs(envs)``
     Closes several, waiting for their children together.
-``BatchedSubprocessEnv(envs)``, ``subprocess_env_constructor(env_constructor, num_envs)``
-    (subprocess_batched.py; both also from ``alf_async.environments``): several SubprocessEnvs
-    stepped concurrently as one batched environment, and the driver's env
-    constructor over them.
+``create_subprocess_envs``, ``BatchedSubprocessEnv``, ``subprocess_env_constructor``
+    (subprocess_batched.py; also from ``alf_async.environments``): several
+    built in parallel, stepped concurrently as one batched environment, and
+    the driver's env constructor over them.
 ``current_env_index()``
     Inside a child: the index of the environment it serves (env_index.py).
 
@@ -26,10 +22,11 @@ whichever children have answered, by their env thread alone
 (``SubprocessEnv.row_stepper``, subprocess_rows.py: one epoll set over the
 pipes, no worker thread per row).
 
-How a call reaches the child and comes back, and the restart when the
-child dies, are in subprocess_calls.py (`SubprocessCalls`, a base class of
-`SubprocessEnv`); the child process and the wire protocol are in
-subprocess_protocol.py.
+How a call reaches the child and comes back over shared memory or pipes
+(``transport``), and the restart when the child dies, are in
+subprocess_calls.py (`SubprocessCalls`, a base class of `SubprocessEnv`);
+the wire protocol is subprocess_protocol.py's, the child's side
+subprocess_child.py's, the shared slots shared_slots.py's.
 
 ``env_constructor`` requirements
 --------------------------------
@@ -48,17 +45,12 @@ called, so gin-configured environments build the same there.
 
 Start method
 ------------
-Children are started with the ``forkserver`` start method by default (``spawn``
-where there is no forkserver). ``fork`` is not safe here: the parent runs
-TensorFlow's thread pools and the driver's threads, and a forked child inherits
-copies of the locks those threads hold at fork time, which can deadlock it.
-The fork server is a fresh interpreter (started with fork+exec) that imports
-the child's module -- hence tf-agents/TensorFlow -- once and then forks each
-child from its own single-threaded state, so a child (or a restart) does not
-pay the ~2-3 s TensorFlow import again. As with ``spawn``, the main module is
-imported (not run) in the children: scripts need the usual
-``if __name__ == '__main__':`` guard. Nothing else is required: tf-agents'
-``tf_agents.system.multiprocessing.handle_main`` may or may not be used.
+Children are started with the ``forkserver`` start method by default
+(``spawn`` where there is none; why not ``fork``: `subprocess_protocol.get_context`).
+As with ``spawn``, the main module is imported (not run) in the children:
+scripts need the usual ``if __name__ == '__main__':`` guard. Nothing else is
+required: tf-agents' ``tf_agents.system.multiprocessing.handle_main`` may or
+may not be used.
 
 Threads
 -------
@@ -105,7 +97,6 @@ __all__ = [
 ]
 
 _GLOBAL_ENV_INDEX = itertools.count()
-TRANSPORTS = ("shared_memory", "pipe")
 
 
 class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, BlockingStep,
@@ -199,9 +190,7 @@ class SubprocessEnv(SubprocessCalls, py_environment.PyEnvironment, Restartable, 
             False, call ``start()`` then ``initialize()``.
         """
         super().__init__(handle_auto_reset=False)
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
-                             f"got {transport!r}")
+        protocol.check_transport(transport)
         for name, value in (("step_timeout", step_timeout), ("init_timeout", init_timeout)):
             if not value or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

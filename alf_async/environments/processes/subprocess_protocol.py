@@ -70,6 +70,16 @@ STEP, RESET, CALL, CLOSE, ATTACH = "step", "reset", "call", "close", "attach"
 READY, RESULT, ERROR = "ready", "result", "error"
 READY_SEQ = 0
 
+TRANSPORTS = ("shared_memory", "pipe")   # SubprocessEnv(transport=...): frames and slots, or pickles
+
+
+def check_transport(transport):
+    """Raises ValueError (one line) unless `transport` is one of TRANSPORTS."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
+                         f"got {transport!r}")
+
+
 FRAME = struct.Struct("<BBH")    # tag, seq mod 256, slot
 PICKLED, STEP_IN_SLOT, RESET_IN_SLOT, RESULT_IN_SLOT = b"P"[0], b"S"[0], b"R"[0], b"T"[0]
 IN_SLOT = "in slot"   # the kind of a reply whose time step is in the shared slot
@@ -148,16 +158,19 @@ def read_exact(fd, size):
         if not more:
             raise EOFError
         data += more
-    if not data:
-        raise EOFError
     return data
 
 
-def send_pickled(fd, message):
-    """Sends a rare message: its frame, then the pickle of `message`. Pickling
-    errors are raised before anything is sent."""
+def pickled_message(message):
+    """The bytes of a rare message: its frame, then the pickle of `message`
+    in multiprocessing.connection's framing (pickling errors raise here)."""
     data = ForkingPickler.dumps(message)
-    write_all(fd, FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data))
+    return FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data)
+
+
+def send_pickled(fd, message):
+    """Sends a rare message; pickling errors are raised before anything is sent."""
+    write_all(fd, pickled_message(message))
 
 
 def read_frame(fd, conn, frame=None):
@@ -216,7 +229,16 @@ _FORKSERVER_CONFIGURED = [False]
 
 
 def get_context(start_method: Optional[str]):
-    """The multiprocessing context for children (forkserver, else spawn)."""
+    """The multiprocessing context for children (forkserver, else spawn).
+
+    ``fork`` is not safe here: the parent runs TensorFlow's thread pools and
+    the driver's threads, and a forked child inherits copies of the locks
+    those threads hold at fork time, which can deadlock it. The fork server
+    is a fresh interpreter (started with fork+exec) that imports the child's
+    module -- hence tf-agents and TensorFlow -- once and then forks each
+    child from its own single-threaded state, so a child (or a restart) does
+    not pay the TensorFlow import again.
+    """
     method = start_method or DEFAULT_START_METHOD
     if method == "forkserver" and method not in multiprocessing.get_all_start_methods():
         method = "spawn"
@@ -340,9 +362,9 @@ class ChildProcess(object):
     def send(self, command, seq, payload):
         """Sends one pickled request; raises ChildDied if the pipe is broken.
         An unpicklable payload raises its pickling error (nothing was sent)."""
-        data = ForkingPickler.dumps((command, seq, payload))
+        data = pickled_message((command, seq, payload))
         try:
-            write_all(self.fd, FRAME.pack(PICKLED, 0, 0) + _LENGTH.pack(len(data)) + bytes(data))
+            write_all(self.fd, data)
         except (OSError, ValueError) as e:
             raise ChildDied(f"sending {command!r} to pid {self.pid} failed ({e!r})") from None
 
